@@ -1,0 +1,71 @@
+"""The error tree of hpclaunch.
+
+Library code raises these; only the CLI prints them and picks the exit code.
+Every message says what was wrong, the value, where it came from, and the fix.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of the ``hpclaunch`` command, documented in docs/cli.md."""
+
+    OK = 0
+    FAILURE = 1
+    USAGE = 2
+    SLURM = 3
+    """A SLURM command failed or is not available here."""
+
+
+class HpclaunchError(Exception):
+    """Base class: a problem hpclaunch can explain to its user."""
+
+    exit_code: ExitCode = ExitCode.FAILURE
+
+
+class SpecError(HpclaunchError):
+    """A job description value is invalid.
+
+    ``field`` names the option (as the CLI and profiles spell it, e.g. ``nodes``);
+    the config layer prefixes where the value came from.
+    """
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+class ConfigError(HpclaunchError):
+    """A profile file or profile name is invalid."""
+
+    exit_code = ExitCode.USAGE
+
+
+class TemplateError(HpclaunchError):
+    """An sbatch template cannot be loaded or rendered."""
+
+    exit_code = ExitCode.USAGE
+
+
+class SlurmError(HpclaunchError):
+    """A SLURM command exited non-zero or timed out."""
+
+    exit_code = ExitCode.SLURM
+
+    def __init__(
+        self, argv: Sequence[str], returncode: int | None, stderr: str, message: str
+    ) -> None:
+        super().__init__(message)
+        self.argv = tuple(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class SlurmNotFound(SlurmError):
+    """A SLURM command is not on PATH: this is not a SLURM login node."""

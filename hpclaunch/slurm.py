@@ -1,0 +1,152 @@
+"""The one place that runs SLURM commands.
+
+Every call goes through a ``Runner``: argv lists (never a shell), a timeout on
+every call, and typed errors carrying argv, exit code and stderr. The real
+runner uses ``subprocess``; ``FakeRunner`` answers from Python for unit tests
+(the integration tier runs the real commands on the sandbox). Parsers of
+command output are pure functions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from hpclaunch.errors import SlurmError, SlurmNotFound
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command left behind."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+class Runner(Protocol):
+    """Runs argv and returns its result; raises SlurmNotFound or SlurmError on
+    a missing command or a time-out (a non-zero exit is a result, not an error)."""
+
+    def __call__(
+        self, argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None
+    ) -> CommandResult: ...
+
+
+def subprocess_runner(
+    argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None
+) -> CommandResult:
+    """The real runner."""
+    try:
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise not_found(argv) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(
+            argv,
+            None,
+            "",
+            f"{' '.join(argv)} did not finish within {timeout_s:g} s; the SLURM controller "
+            "may be down or overloaded (check `scontrol ping`) — try again later",
+        ) from None
+    return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+
+def not_found(argv: Sequence[str]) -> SlurmNotFound:
+    """The error for a SLURM command missing from PATH."""
+    return SlurmNotFound(
+        argv,
+        None,
+        "",
+        f"{argv[0]} is not on PATH: this does not look like a SLURM login node. "
+        "Run this where SLURM's commands are installed, or add --dry-run to print "
+        "the script without submitting it",
+    )
+
+
+@dataclass
+class FakeRunner:
+    """A scripted stand-in for SLURM's commands, for unit tests.
+
+    ``handlers`` maps a command name (``"sbatch"``) to a function of argv
+    returning a CommandResult; commands without a handler behave as if absent
+    from PATH. Every call is recorded in ``calls``.
+    """
+
+    handlers: Mapping[str, Callable[[tuple[str, ...]], CommandResult]]
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def __call__(
+        self, argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None
+    ) -> CommandResult:
+        argv = tuple(argv)
+        self.calls.append(argv)
+        handler = self.handlers.get(argv[0])
+        if handler is None:
+            raise not_found(argv)
+        return handler(argv)
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    """A job sbatch accepted."""
+
+    job_id: int
+    cluster: str | None = None
+
+
+def parse_sbatch_parsable(stdout: str) -> SubmittedJob:
+    """Parse ``sbatch --parsable`` output: ``JOBID`` or ``JOBID;CLUSTER``.
+
+    Raises ValueError when the output holds no job id.
+    """
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("sbatch printed no job id")
+    job_text, _, cluster = lines[-1].partition(";")
+    if not job_text.isdigit():
+        raise ValueError(f"sbatch printed {lines[-1]!r}, not a job id")
+    return SubmittedJob(int(job_text), cluster or None)
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """SLURM's commands, run through ``runner``."""
+
+    runner: Runner = subprocess_runner
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def _run(self, argv: Sequence[str], cwd: Path | None = None) -> CommandResult:
+        result = self.runner(argv, timeout_s=self.timeout_s, cwd=cwd)
+        if result.returncode != 0:
+            detail = result.stderr.strip() or result.stdout.strip() or "(no output)"
+            raise SlurmError(
+                argv,
+                result.returncode,
+                result.stderr,
+                f"{argv[0]} failed (exit {result.returncode}):\n{detail}",
+            )
+        return result
+
+    def sbatch(self, script: Path, *, cwd: Path | None = None) -> SubmittedJob:
+        """Submit ``script``. Raises SlurmNotFound, or SlurmError with sbatch's stderr."""
+        argv = ("sbatch", "--parsable", str(script))
+        result = self._run(argv, cwd=cwd)
+        try:
+            return parse_sbatch_parsable(result.stdout)
+        except ValueError as exc:
+            raise SlurmError(argv, result.returncode, result.stderr, str(exc)) from None

@@ -1,0 +1,30 @@
+"""Shared pytest set-up: ``--fail-on-skip`` turns every skip into a failure.
+
+CI installs what every tier needs, so a test that skips there hides a gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fail-on-skip",
+        action="store_true",
+        help="report skipped tests as failures (CI installs every tier's needs)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and item.config.getoption("--fail-on-skip"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped with --fail-on-skip: {reason}"
