@@ -16,6 +16,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="report skipped tests as failures (CI installs every tier's needs)",
     )
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite golden files (examples/sbatch/*/job.sbatch) from the current renderer",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """True when golden files should be rewritten instead of compared."""
+    return bool(request.config.getoption("--update-golden"))
 
 
 @pytest.hookimpl(hookwrapper=True)
