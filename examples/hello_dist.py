@@ -24,7 +24,9 @@ def main() -> None:
         dist.all_reduce(value)
         total += value
     expected = steps * world * (world - 1) / 2
-    print(f"rank {rank}/{world} on {os.uname().nodename}: sum {total.item():g}, expected {expected:g}")
+    print(
+        f"rank {rank}/{world} on {os.uname().nodename}: sum {total.item():g}, expected {expected:g}"
+    )
     dist.destroy_process_group()
 
 

@@ -118,7 +118,11 @@ def main(ctx: click.Context) -> None:
 @click.option(
     "--max-restarts", type=int, help="In-place worker-group restarts per node. [default: 3]"
 )
-@click.option("--max-requeues", type=int, help="Requeues after node failures. [default: 3]")
+@click.option(
+    "--max-requeues",
+    type=int,
+    help="Requeue budget given to the batch-step supervisor. [default: 3]",
+)
 @click.option(
     "--signal-lead",
     "signal_lead_s",
@@ -211,11 +215,18 @@ def sbatch(
     from hpclaunch.render import render
     from hpclaunch.spec import EntryKind, Rendezvous
 
+    if script.startswith("-") and script != "-":
+        # ignore_unknown_options lets a mistyped option through as SCRIPT.
+        ctx = click.get_current_context()
+        known = [opt for param in ctx.command.params for opt in param.opts]
+        raise click.NoSuchOption(script.split("=")[0], possibilities=known, ctx=ctx)
     if module and no_python:
         raise click.UsageError("-m/--module and --no-python exclude each other; give one")
     kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
     if flags["rdzv"] is not None:
         flags["rdzv"] = Rendezvous(flags["rdzv"])
+    if flags["template"] is not None:
+        flags["template"] = str(obj.cwd / flags["template"])
     try:
         spec = build_spec(
             Entry(script, args, kind),
@@ -235,7 +246,7 @@ def sbatch(
         else:
             from hpclaunch.submit import submit
 
-            submission = submit(text, obj.cwd / spec.log_dir, obj.slurm)
+            submission = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
     except HpclaunchError as exc:
         fail(exc)
     if as_json:

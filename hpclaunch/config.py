@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,6 +79,16 @@ def _str_list(value: Any) -> tuple[str, ...]:
     raise TypeError("a string or a list of strings")
 
 
+def _words(value: Any) -> tuple[str, ...]:
+    """A command as a list of words, or one string split like a shell would."""
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise TypeError(f"a command line that splits into words ({exc})") from None
+    return _str_list(value)
+
+
 def _table(value: Any, *, flags: bool) -> tuple[tuple[str, str | None], ...]:
     if not isinstance(value, dict):
         raise TypeError("a table of NAME = VALUE")
@@ -129,7 +140,7 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
         "env",
         lambda v: tuple((k, val) for k, val in _table(v, flags=False) if val is not None),
     ),
-    "launcher": ("launcher", _str_list),
+    "launcher": ("launcher", _words),
 }
 _PATH_KEYS = ("log_dir", "checkpoint_dir", "template")
 _MERGED_BY_KEY = ("sbatch_options", "srun_options", "env")

@@ -24,8 +24,9 @@ from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, format_time
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 BUILTIN_PREFIX = "hpclaunch/"
-# Words sbatch's directive parser and the shell both read literally.
-_PLAIN = re.compile(r"[A-Za-z0-9@%+=:,./_-]+\Z")
+# Words that read literally to sbatch's directive parser and to a human
+# (hostlists keep their brackets); anything else is quoted.
+_PLAIN = re.compile(r"[A-Za-z0-9@%+=:,./_\[\]-]+\Z")
 
 
 class Shell(str):
@@ -38,13 +39,16 @@ def shell_quote(value: object) -> Shell:
     return Shell(shlex.quote(_text(value)))
 
 
-def sbatch_quote(value: str) -> Shell:
-    """Quote ``value`` for an ``#SBATCH`` line.
+def sbatch_quote(value: object) -> Shell:
+    """Quote ``value`` for an ``#SBATCH`` line. Raises TemplateError on a line break.
 
     sbatch splits directive lines itself: it strips ``'``/``"`` quotes and
     treats a backslash as an escape even inside quotes, and a line ends at the
-    newline (JobSpec rejects line breaks in these values).
+    newline (JobSpec rejects line breaks in the values it puts there).
     """
+    value = _text(value)
+    if any(c in value for c in "\n\r\0"):
+        raise TemplateError(f"{value!r} cannot go into an #SBATCH line: it has a line break")
     if _PLAIN.match(value):
         return Shell(value)
     return Shell('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
@@ -76,6 +80,26 @@ def _finalize(value: object) -> str:
             "guard it with {% if ... %}"
         )
     return shell_quote(value)
+
+
+def _block_context() -> type[Any]:
+    """A Jinja context whose ``super()`` renders as deliberate shell: a parent
+    block is template text, not a value to quote."""
+    import jinja2.runtime
+
+    class BlockShell:
+        def __init__(self, ref: jinja2.runtime.BlockReference) -> None:
+            self._ref = ref
+
+        def __call__(self) -> Shell:
+            return Shell(self._ref())
+
+    class Context(jinja2.runtime.Context):
+        def super(self, name: str, current: Any) -> Any:
+            ref = jinja2.runtime.Context.super(self, name, current)
+            return BlockShell(ref) if isinstance(ref, jinja2.runtime.BlockReference) else ref
+
+    return Context
 
 
 def templates_dir() -> Path:
@@ -114,7 +138,7 @@ def directives(spec: JobSpec) -> list[Shell]:
     optional = {
         "cpus-per-task": spec.cpus_per_task,
         "mem": spec.mem,
-        "time": format_time(spec.time_limit) if spec.time_limit else None,
+        "time": format_time(spec.time_limit) if spec.time_limit is not None else None,
         "partition": spec.partition,
         "account": spec.account,
         "qos": spec.qos,
@@ -229,12 +253,15 @@ def render(spec: JobSpec) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.context_class = _block_context()
     env.filters["q"] = shell_quote
     env.filters["shell"] = Shell
     env.filters["sbatch_quote"] = sbatch_quote
     env.filters["shjoin"] = lambda items: words([_text(i) for i in items])
     try:
         return env.get_template(name).render(context(spec))
+    except TemplateError as exc:  # raised by _finalize
+        raise TemplateError(f"{source}: {exc}") from exc
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(
             f"{source} has a syntax error at {exc.filename or exc.name}:{exc.lineno}: "

@@ -62,11 +62,19 @@ MANAGED_SBATCH_OPTIONS: Mapping[str, str] = {
     "signal": "--signal-lead",
 }
 
+# srun options the rendered step sets itself (one agent task per node).
+MANAGED_SRUN_OPTIONS = frozenset(
+    {"nodes", "N", "ntasks", "n", "ntasks-per-node", "kill-on-bad-exit", "K", "cpus-per-task", "c"}
+)
+
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
 _MEM = re.compile(r"(\d+)([KMGT]?)\Z", re.IGNORECASE)
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
-_UNLIMITED = frozenset({"unlimited", "infinite"})
+_UNLIMITED_WORDS = frozenset({"unlimited", "infinite"})
+UNLIMITED = timedelta.max
+"""The time limit ``UNLIMITED``; ``None`` means no limit was asked for (the
+partition's default applies)."""
 
 
 class Rendezvous(enum.Enum):
@@ -140,16 +148,16 @@ def parse_nodes(text: str) -> NodeRange:
     return NodeRange(low, int(parts[-1]))
 
 
-def parse_time(text: str) -> timedelta | None:
-    """Parse a SLURM time limit; None means UNLIMITED. Raises SpecError.
+def parse_time(text: str) -> timedelta:
+    """Parse a SLURM time limit (``UNLIMITED`` for none). Raises SpecError.
 
     Accepted forms are SLURM's: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
     ``D-H:M:S``, and ``UNLIMITED``/``INFINITE``.
     """
     raw = text
     text = text.strip()
-    if text.lower() in _UNLIMITED:
-        return None
+    if text.lower() in _UNLIMITED_WORDS:
+        return UNLIMITED
     days = 0
     rest = text
     if "-" in text:
@@ -181,9 +189,9 @@ def parse_time(text: str) -> timedelta | None:
     return limit
 
 
-def format_time(limit: timedelta | None) -> str:
+def format_time(limit: timedelta) -> str:
     """SLURM's ``D-HH:MM:SS`` (or ``UNLIMITED``)."""
-    if limit is None:
+    if limit == UNLIMITED:
         return "UNLIMITED"
     total = int(limit.total_seconds())
     days, rem = divmod(total, 86400)
@@ -379,6 +387,12 @@ class JobSpec:
                     name,
                     f"{key!r} is set by hpclaunch itself; "
                     f"use {MANAGED_SBATCH_OPTIONS[key]} instead",
+                )
+            if not sbatch and key in MANAGED_SRUN_OPTIONS:
+                raise SpecError(
+                    name,
+                    f"{key!r} is set on the agent's srun step by hpclaunch itself "
+                    "(one agent per node; --cpus-per-task for CPUs); leave it out",
                 )
             if value is not None:
                 _check_text(name, value, one_line=sbatch)

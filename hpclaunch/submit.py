@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpclaunch.errors import HpclaunchError
 from hpclaunch.slurm import Slurm
 
 log = logging.getLogger(__name__)
@@ -40,21 +41,28 @@ def _make_dirs(path: Path) -> list[Path]:
     return missing[::-1]
 
 
-def submit(script: str, log_dir: Path, slurm: Slurm) -> Submission:
-    """Submit ``script``; keep it as ``LOG_DIR/JOBID/job.sbatch``.
+def submit(script: str, log_dir: Path, slurm: Slurm, *, cwd: Path) -> Submission:
+    """Submit ``script`` from ``cwd`` (the job's working folder); keep it as
+    ``LOG_DIR/JOBID/job.sbatch``.
 
     The log folder must exist before the job starts (SLURM does not create the
     folder of ``--output``), so it is created here. Raises SlurmError or
     SlurmNotFound, after removing what it created.
     """
-    created = _make_dirs(log_dir)
-    fd, staged_name = tempfile.mkstemp(prefix=".submit-", suffix=".sbatch", dir=log_dir)
+    try:
+        created = _make_dirs(log_dir)
+        fd, staged_name = tempfile.mkstemp(prefix=".submit-", suffix=".sbatch", dir=log_dir)
+    except OSError as exc:
+        raise HpclaunchError(
+            f"cannot write into the log folder {str(log_dir)!r} (from --log-dir or a profile): "
+            f"{exc.strerror}; choose a folder you can write to"
+        ) from None
     staged = Path(staged_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(script)
         os.chmod(staged, 0o644)
-        job = slurm.sbatch(staged)
+        job = slurm.sbatch(staged, cwd=cwd)
     except BaseException:
         staged.unlink(missing_ok=True)
         for folder in reversed(created):

@@ -1,0 +1,62 @@
+"""The batch-step supervisor with real processes and real signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import base_env, wait_for
+
+pytestmark = pytest.mark.integration
+
+# A step that reports readiness, then records the first signal it gets and exits 0.
+STEP = """
+import signal, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def got(signum, frame):
+    out.with_suffix('.signal').write_text(signal.Signals(signum).name)
+    sys.exit(0)
+for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, got)
+out.with_suffix('.ready').write_text('')
+signal.pause()
+"""
+
+
+def start(hpclaunch_bin: Path, tmp_path: Path, *step: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(hpclaunch_bin), "supervise", "--max-requeues", "1", "--", *step],
+        env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT])
+def test_signals_reach_the_step(tmp_path: Path, hpclaunch_bin: Path, sig: signal.Signals) -> None:
+    record = tmp_path / "step"
+    with start(hpclaunch_bin, tmp_path, sys.executable, "-c", STEP, str(record)) as proc:
+        try:
+            wait_for(record.with_suffix(".ready").exists, what="the step to start")
+            proc.send_signal(sig)
+            assert proc.wait(timeout=20) == 0
+        finally:
+            proc.kill()
+    assert record.with_suffix(".signal").read_text() == sig.name
+
+
+def test_exit_status_is_the_steps(tmp_path: Path, hpclaunch_bin: Path) -> None:
+    with start(hpclaunch_bin, tmp_path, sys.executable, "-c", "raise SystemExit(7)") as proc:
+        assert proc.wait(timeout=20) == 7
+    suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    with start(hpclaunch_bin, tmp_path, sys.executable, "-c", suicide) as killed:
+        assert killed.wait(timeout=20) == 128 + signal.SIGKILL
+
+
+def test_missing_step_command(tmp_path: Path, hpclaunch_bin: Path) -> None:
+    with start(hpclaunch_bin, tmp_path, "no-such-srun-here") as proc:
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 3
+    assert "'no-such-srun-here' is not on PATH" in err
