@@ -9,6 +9,8 @@ from collections.abc import Generator
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

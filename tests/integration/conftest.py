@@ -1,42 +1,20 @@
-"""Helpers for tests that run real processes."""
+"""Fixtures of the integration tier."""
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-VENV_BIN = Path(sys.executable).parent
+from tests.integration.helpers import VENV_BIN
+from tests.integration.slurm_controller import slurm_controller
 
-
-def wait_for(
-    condition: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
+__all__ = ["hpclaunch_bin", "slurm_controller"]
 
 
 @pytest.fixture
 def hpclaunch_bin() -> Path:
+    """The installed console script."""
     path = VENV_BIN / "hpclaunch"
     assert path.exists(), f"{path} missing: install the package (scripts/setup)"
     return path
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    """A minimal child environment: the venv's bin first, system tools after."""
-    env = {
-        "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": os.environ.get("HOME", "/root"),
-        "LANG": "C.UTF-8",
-    }
-    env.update(extra)
-    return env

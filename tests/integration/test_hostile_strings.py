@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import base_env
+from tests.integration.helpers import base_env
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import base_env, wait_for
+from tests.integration.helpers import base_env, wait_for
 
 pytestmark = pytest.mark.integration
 
