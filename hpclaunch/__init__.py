@@ -12,7 +12,8 @@ from hpclaunch.errors import (
     SpecError,
     TemplateError,
 )
-from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, NodeRange, Rendezvous
+from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.values import NodeRange
 
 __version__ = "0.1.0"
 

@@ -21,15 +21,6 @@ from hpclaunch import __version__
 from hpclaunch.errors import ExitCode, HpclaunchError, SpecError
 from hpclaunch.slurm import Slurm
 
-# Spec fields whose flag is not simply --field-name.
-_FLAG_NAMES = {
-    "time_limit": "--time",
-    "signal_lead_s": "--signal-lead",
-    "etcd_endpoints": "--etcd-endpoint",
-    "sbatch_options": "--sbatch-option",
-    "srun_options": "--srun-option",
-}
-
 
 @dataclass
 class CliContext:
@@ -63,15 +54,15 @@ class _SpecParam(click.ParamType):  # type: ignore[type-arg]
 
 
 def _types() -> dict[str, _SpecParam]:
-    from hpclaunch import spec
+    from hpclaunch import values
 
     return {
-        "nodes": _SpecParam("N|MIN:MAX", spec.parse_nodes),
-        "time": _SpecParam("TIME", spec.parse_time),
-        "mem": _SpecParam("SIZE", spec.parse_mem),
-        "env": _SpecParam("KEY=VALUE", spec.parse_env),
-        "option": _SpecParam("KEY[=VALUE]", spec.parse_sbatch_option),
-        "endpoints": _SpecParam("HOST:PORT[,...]", spec.parse_endpoints),
+        "nodes": _SpecParam("N|MIN:MAX", values.parse_nodes),
+        "time": _SpecParam("TIME", values.parse_time),
+        "mem": _SpecParam("SIZE", values.parse_mem),
+        "env": _SpecParam("KEY=VALUE", values.parse_env),
+        "option": _SpecParam("KEY[=VALUE]", values.parse_sbatch_option),
+        "endpoints": _SpecParam("HOST:PORT[,...]", values.parse_endpoints),
     }
 
 
@@ -232,7 +223,6 @@ def sbatch(
             Entry(script, args, kind),
             flags,
             load_profile(profile, obj.cwd, obj.env),
-            _FLAG_NAMES,
         )
         if kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
             raise SpecError(

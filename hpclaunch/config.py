@@ -19,16 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.errors import ConfigError, SpecError
-from hpclaunch.spec import (
-    EntryKind,
-    GpuDirective,
-    JobSpec,
-    Rendezvous,
-    parse_endpoints,
-    parse_mem,
-    parse_nodes,
-    parse_time,
-)
+from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.values import parse_endpoints, parse_mem, parse_nodes, parse_time
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -143,6 +135,12 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "launcher": ("launcher", _words),
 }
 _PATH_KEYS = ("log_dir", "checkpoint_dir", "template")
+_FLAG_SPELLING = {
+    "sbatch_options": "--sbatch-option",
+    "srun_options": "--srun-option",
+    "gpu_directive": "gpu_directive (a profile key)",
+    "launcher": "launcher (a profile key)",
+}
 _MERGED_BY_KEY = ("sbatch_options", "srun_options", "env")
 
 
@@ -156,7 +154,7 @@ class Profile:
 
     @property
     def source(self) -> str:
-        return f"profile {self.name!r} in {self.path}"
+        return f"{self.path}, profile {self.name!r}"
 
 
 def profile_files(cwd: Path, env: Mapping[str, str]) -> list[Path]:
@@ -229,11 +227,13 @@ def load_profile(name: str | None, cwd: Path, env: Mapping[str, str]) -> Profile
     if name is None:
         return None
     searched = " and ".join(str(p) for p in profile_files(cwd, env))
-    known = ", ".join(available) if available else "none"
-    raise ConfigError(
-        f"unknown profile {name!r} (from --profile); searched {searched}; "
-        f"profiles found: {known}. Add a [profiles.{name}] table or pick one of these"
+    fix = (
+        f"profiles found: {', '.join(available)}; "
+        f"pick one of these or add a [profiles.{name}] table"
+        if available
+        else f"no profiles are defined; add a [profiles.{name}] table to one of these files"
     )
+    raise ConfigError(f"unknown profile {name!r} (from --profile); searched {searched}; {fix}")
 
 
 @dataclass(frozen=True)
@@ -245,25 +245,25 @@ class Entry:
     kind: EntryKind = EntryKind.SCRIPT
 
 
-def build_spec(
-    entry: Entry,
-    flags: Mapping[str, Any],
-    profile: Profile | None,
-    flag_names: Mapping[str, str] | None = None,
-) -> JobSpec:
+def flag_for(key: str) -> str:
+    """The command-line spelling of a profile key, for messages."""
+    return _FLAG_SPELLING.get(key, "--" + key.replace("_", "-"))
+
+
+def build_spec(entry: Entry, flags: Mapping[str, Any], profile: Profile | None) -> JobSpec:
     """Merge defaults < profile < flags into a JobSpec.
 
     ``flags`` maps JobSpec field names to values given on the command line
-    (absent or None when not given); ``flag_names`` maps fields to the flag
-    spelling for messages. Raises SpecError, prefixed with where the bad value
-    came from.
+    (absent or None when not given). Raises SpecError, prefixed with where
+    each value it names came from.
     """
+    key_of = {field: key for key, (field, _) in PROFILE_KEYS.items()}
     fields: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, str] = {}  # profile key -> where its value came from
     if profile is not None:
         for field, value in profile.values.items():
-            key = next(k for k, v in PROFILE_KEYS.items() if v[0] == field)
-            fields[field], sources[field] = value, f"{profile.source}, key {key!r}"
+            fields[field] = value
+            sources[key_of[field]] = f"{profile.source}, key {key_of[field]!r}"
     for field, value in flags.items():
         if value is None or value == ():
             continue
@@ -274,10 +274,15 @@ def build_spec(
         elif field == "setup" and field in fields:
             value = fields[field] + tuple(value)
         fields[field] = value
-        sources[field] = (flag_names or {}).get(field, "--" + field.replace("_", "-"))
+        sources[key_of[field]] = flag_for(key_of[field])
     try:
         return JobSpec(entrypoint=entry.target, args=entry.args, entry_kind=entry.kind, **fields)
     except SpecError as exc:
-        field = PROFILE_KEYS[exc.field][0] if exc.field in PROFILE_KEYS else exc.field
-        default = "the command line" if field in ("script", "module", "args") else "the defaults"
-        raise SpecError(exc.field, f"{sources.get(field, default)}: {exc.message}") from None
+        named = [sources[k] for k in exc.fields if k in sources]
+        named += [
+            f"the default {flag_for(k)}"
+            for k in exc.fields
+            if k in PROFILE_KEYS and k not in sources
+        ]
+        where = " and ".join(named) or "the command line"  # script, module, args
+        raise SpecError(exc.field, f"{where}: {exc.message}", exc.fields[1:]) from None

@@ -29,15 +29,17 @@ class HpclaunchError(Exception):
 class SpecError(HpclaunchError):
     """A job description value is invalid.
 
-    ``field`` names the option (as the CLI and profiles spell it, e.g. ``nodes``);
-    the config layer prefixes where the value came from.
+    ``field`` names the option (as profiles spell it, e.g. ``nodes``) and
+    ``also`` the other options a rule between values involves; the config
+    layer prefixes where each value came from.
     """
 
     exit_code = ExitCode.USAGE
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, also: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.field = field
+        self.fields = (field, *also)
         self.message = message
 
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 import enum
 import re
 import shlex
+import traceback
 from collections.abc import Iterable
 from pathlib import Path, PurePath
 from typing import Any
 
 from hpclaunch import __version__
 from hpclaunch.errors import TemplateError
-from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, format_time
+from hpclaunch.spec import EntryKind, GpuDirective, JobSpec
+from hpclaunch.values import format_time
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 BUILTIN_PREFIX = "hpclaunch/"
@@ -119,6 +121,10 @@ def _runtime_path(path: str) -> Shell:
     return Shell('"$SLURM_SUBMIT_DIR"/' + shlex.quote(path))
 
 
+def _log_dir(spec: JobSpec) -> str:
+    return spec.log_dir.rstrip("/") or "/"
+
+
 def _option(key: str, value: str | None, quote: Any) -> Shell:
     return Shell(f"--{key}") if value is None else Shell(f"--{key}={quote(value)}")
 
@@ -150,7 +156,8 @@ def directives(spec: JobSpec) -> list[Shell]:
         Shell("--requeue"),
         Shell("--open-mode=append"),
         _option("signal", f"B:USR1@{spec.signal_lead_s}", sbatch_quote),
-        _option("output", f"{spec.log_dir.rstrip('/') or '/'}/%x-%j.out", sbatch_quote),
+        # %% keeps a '%' of the folder name from being read as a SLURM pattern.
+        _option("output", f"{_log_dir(spec).replace('%', '%%')}/%x-%j.out", sbatch_quote),
     ]
     out += [_option(k, v, sbatch_quote) for k, v in spec.sbatch_options]
     return out
@@ -183,7 +190,7 @@ def agent_argv(spec: JobSpec) -> list[str]:
 
 def context(spec: JobSpec) -> dict[str, Any]:
     """The variables every template gets; docs/templates.md lists them."""
-    job_dir = Shell(_runtime_path(spec.log_dir) + '/"$SLURM_JOB_ID"')
+    job_dir = Shell(_runtime_path(_log_dir(spec)) + '/"$SLURM_JOB_ID"')
     checkpoint_dir = (
         _runtime_path(spec.checkpoint_dir)
         if spec.checkpoint_dir is not None
@@ -258,10 +265,11 @@ def render(spec: JobSpec) -> str:
     env.filters["shell"] = Shell
     env.filters["sbatch_quote"] = sbatch_quote
     env.filters["shjoin"] = lambda items: words([_text(i) for i in items])
+    variables = context(spec)
     try:
-        return env.get_template(name).render(context(spec))
-    except TemplateError as exc:  # raised by _finalize
-        raise TemplateError(f"{source}: {exc}") from exc
+        return env.get_template(name).render(variables)
+    except TemplateError as exc:  # raised by _finalize or sbatch_quote
+        raise TemplateError(f"{source}{_where(exc)}: {exc}") from exc
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(
             f"{source} has a syntax error at {exc.filename or exc.name}:{exc.lineno}: "
@@ -269,11 +277,21 @@ def render(spec: JobSpec) -> str:
         ) from exc
     except jinja2.UndefinedError as exc:
         raise TemplateError(
-            f"{source} uses an undefined variable: {exc.message}; the variables a template "
-            "gets are listed in docs/templates.md"
+            f"{source}{_where(exc)} uses an undefined variable: {exc.message}; the variables "
+            "a template gets are listed in docs/templates.md"
         ) from exc
     except jinja2.TemplateNotFound as exc:
         raise TemplateError(
             f"{source} includes or extends {exc.name!r}, which does not exist; built-in "
             f"templates are named {BUILTIN_PREFIX}NAME, e.g. {BUILTIN_PREFIX}{DEFAULT_TEMPLATE}"
         ) from exc
+    except Exception as exc:  # anything else a template can do wrong: 1/0, bad types, bad bytes
+        raise TemplateError(
+            f"{source}{_where(exc)} failed: {type(exc).__name__}: {exc}; fix the template"
+        ) from exc
+
+
+def _where(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of the template line that raised, if Jinja recorded one."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith(".py")]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

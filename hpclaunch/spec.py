@@ -17,11 +17,13 @@ from datetime import timedelta
 from pathlib import PurePath
 
 from hpclaunch.errors import SpecError
+from hpclaunch.values import NodeRange, format_time, parse_mem
 
 DEFAULT_LOG_DIR = "hpclaunch-logs"
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MAX_REQUEUES = 3
+ONE_NODE = NodeRange(1, 1)
 # SLURM stores the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD_S = 0xFFFF
 
@@ -60,6 +62,8 @@ MANAGED_SBATCH_OPTIONS: Mapping[str, str] = {
     "requeue": "(fixed: always requeueable)",
     "no-requeue": "--max-requeues 0",
     "signal": "--signal-lead",
+    "chdir": "a --setup line with cd (the job starts in the submit folder)",
+    "D": "a --setup line with cd (the job starts in the submit folder)",
 }
 
 # srun options the rendered step sets itself (one agent task per node).
@@ -69,12 +73,7 @@ MANAGED_SRUN_OPTIONS = frozenset(
 
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
-_MEM = re.compile(r"(\d+)([KMGT]?)\Z", re.IGNORECASE)
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
-_UNLIMITED_WORDS = frozenset({"unlimited", "infinite"})
-UNLIMITED = timedelta.max
-"""The time limit ``UNLIMITED``; ``None`` means no limit was asked for (the
-partition's default applies)."""
 
 
 class Rendezvous(enum.Enum):
@@ -98,142 +97,6 @@ class GpuDirective(enum.Enum):
 
     GPUS_PER_NODE = "gpus-per-node"
     GRES = "gres"
-
-
-@dataclass(frozen=True)
-class NodeRange:
-    """A node count, fixed (``min == max``) or elastic."""
-
-    min: int
-    max: int
-
-    def __post_init__(self) -> None:
-        if self.min < 1:
-            raise SpecError(
-                "nodes", f"node count {self.min} is not positive; ask for at least 1 node"
-            )
-        if self.min > self.max:
-            raise SpecError(
-                "nodes",
-                f"node range {self.min}:{self.max} has MIN > MAX; "
-                f"write it as {self.max}:{self.min}",
-            )
-
-    @property
-    def is_elastic(self) -> bool:
-        return self.min != self.max
-
-    def __str__(self) -> str:
-        """The form the CLI takes and the agent receives: ``N`` or ``MIN:MAX``."""
-        return str(self.min) if not self.is_elastic else f"{self.min}:{self.max}"
-
-    @property
-    def sbatch(self) -> str:
-        """SLURM's form: ``N`` or ``MIN-MAX``."""
-        return str(self.min) if not self.is_elastic else f"{self.min}-{self.max}"
-
-
-def parse_nodes(text: str) -> NodeRange:
-    """Parse ``N`` or ``MIN:MAX``. Raises SpecError."""
-    text = text.strip()
-    parts = text.split(":")
-    if len(parts) > 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
-        hint = ""
-        if re.fullmatch(r"\d+-\d+", text):
-            hint = f"; for a range write {text.replace('-', ':')}"
-        raise SpecError(
-            "nodes", f"{text!r} is not a node count: use N or MIN:MAX, e.g. 4 or 2:4{hint}"
-        )
-    low = int(parts[0])
-    return NodeRange(low, int(parts[-1]))
-
-
-def parse_time(text: str) -> timedelta:
-    """Parse a SLURM time limit (``UNLIMITED`` for none). Raises SpecError.
-
-    Accepted forms are SLURM's: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
-    ``D-H:M:S``, and ``UNLIMITED``/``INFINITE``.
-    """
-    raw = text
-    text = text.strip()
-    if text.lower() in _UNLIMITED_WORDS:
-        return UNLIMITED
-    days = 0
-    rest = text
-    if "-" in text:
-        day_text, _, rest = text.partition("-")
-        if not day_text.isdigit():
-            rest = ""  # forces the error below
-        else:
-            days = int(day_text)
-    fields = rest.split(":")
-    if not rest or len(fields) > 3 or not all(f.isdigit() for f in fields):
-        raise SpecError(
-            "time",
-            f"{raw!r} is not a SLURM time limit; use one of M, M:S, H:M:S, D-H, D-H:M, "
-            "D-H:M:S (e.g. 30, 04:00:00, 2-12) or UNLIMITED",
-        )
-    nums = [int(f) for f in fields]
-    if "-" in text:  # D-H, D-H:M, D-H:M:S
-        nums += [0] * (3 - len(nums))
-        hours, minutes, seconds = nums
-    elif len(nums) == 1:  # M
-        hours, minutes, seconds = 0, nums[0], 0
-    elif len(nums) == 2:  # M:S
-        hours, minutes, seconds = 0, nums[0], nums[1]
-    else:  # H:M:S
-        hours, minutes, seconds = nums
-    limit = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    if limit <= timedelta(0):
-        raise SpecError("time", f"time limit {raw!r} is zero; give a positive limit or UNLIMITED")
-    return limit
-
-
-def format_time(limit: timedelta) -> str:
-    """SLURM's ``D-HH:MM:SS`` (or ``UNLIMITED``)."""
-    if limit == UNLIMITED:
-        return "UNLIMITED"
-    total = int(limit.total_seconds())
-    days, rem = divmod(total, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, seconds = divmod(rem, 60)
-    return f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}"
-
-
-def parse_mem(text: str) -> str:
-    """Validate SLURM's ``--mem`` form (``64G``, ``500M``, ``0`` = all). Raises SpecError."""
-    match = _MEM.fullmatch(text.strip())
-    if not match:
-        raise SpecError(
-            "mem",
-            f"{text!r} is not a memory size; use a whole number with an optional unit "
-            "K, M, G or T, e.g. 64G (0 asks for all of a node's memory)",
-        )
-    return match.group(1) + match.group(2).upper()
-
-
-def parse_env(text: str) -> tuple[str, str]:
-    """Parse one ``--env KEY=VALUE``. Raises SpecError."""
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise SpecError("env", f"{text!r} has no '='; write KEY=VALUE, e.g. --env NCCL_DEBUG=INFO")
-    return key, value
-
-
-def parse_sbatch_option(text: str) -> tuple[str, str | None]:
-    """Parse ``KEY=VALUE`` or a bare flag ``KEY`` (e.g. ``exclusive``)."""
-    key, sep, value = text.partition("=")
-    return key.lstrip("-"), (value if sep else None)
-
-
-def parse_endpoints(text: str) -> tuple[str, ...]:
-    """Parse ``host:port[,host:port...]``. Raises SpecError."""
-    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not endpoints:
-        raise SpecError(
-            "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
-        )
-    return endpoints
 
 
 def _check_text(name: str, value: str, *, one_line: bool) -> None:
@@ -267,7 +130,7 @@ class JobSpec:
     entrypoint: str
     args: tuple[str, ...] = ()
     entry_kind: EntryKind = EntryKind.SCRIPT
-    nodes: NodeRange = NodeRange(1, 1)
+    nodes: NodeRange = ONE_NODE
     gpus_per_node: int = 0
     nproc_per_node: int | None = None
     time_limit: timedelta | None = None
@@ -296,6 +159,11 @@ class JobSpec:
     launcher: tuple[str, ...] = ("hpclaunch",)
 
     def __post_init__(self) -> None:
+        for name in ("args", "setup", "launcher", "etcd_endpoints", "env"):
+            if not isinstance(getattr(self, name), tuple):
+                raise SpecError(
+                    name, f"{getattr(self, name)!r} is not a tuple; give a tuple of strings"
+                )
         self._check_entrypoint()
         _check_count("gpus_per_node", self.gpus_per_node, 0)
         if self.nproc_per_node is not None:
@@ -315,6 +183,7 @@ class JobSpec:
                 "signal_lead",
                 f"the warning {self.signal_lead_s} s before the end is not inside the time "
                 f"limit {format_time(self.time_limit)}; lower --signal-lead or raise --time",
+                also=("time",),
             )
         for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
             value = getattr(self, name)
@@ -322,11 +191,24 @@ class JobSpec:
                 _check_text(name, value, one_line=True)
                 if not value.strip():
                     raise SpecError(name, f"{value!r} is empty; leave it out or give a value")
+        if self.job_name is not None and "/" in self.job_name:
+            raise SpecError(
+                "job_name",
+                f"{self.job_name!r} contains '/'; SLURM puts the job name into the log file "
+                "name (%x), which would then point into a folder that does not exist: "
+                "use another character such as '-'",
+            )
         if self.mem is not None:
             parse_mem(self.mem)
         _check_text("log_dir", self.log_dir, one_line=True)
         if not self.log_dir:
             raise SpecError("log_dir", "the log folder is empty; give a path")
+        if "\\" in self.log_dir:
+            raise SpecError(
+                "log_dir",
+                f"{self.log_dir!r} contains a backslash, which makes SLURM ignore the %x and "
+                "%j patterns of the log file name; choose a folder without one",
+            )
         if self.checkpoint_dir is not None:
             _check_text("checkpoint_dir", self.checkpoint_dir, one_line=False)
         for arg in self.args:
@@ -403,6 +285,7 @@ class JobSpec:
                 "rdzv",
                 f"static rendezvous needs a fixed node count, but --nodes is {self.nodes}; "
                 "use --rdzv c10d or etcd for a range",
+                also=("nodes",),
             )
         if self.rdzv is Rendezvous.ETCD:
             if not self.etcd_endpoints and not self.etcd_sidecar:
@@ -413,11 +296,13 @@ class JobSpec:
                 raise SpecError(
                     "etcd_sidecar",
                     "--etcd-endpoint and --etcd-sidecar exclude each other; give one",
+                    also=("etcd_endpoint",),
                 )
         elif self.etcd_endpoints or self.etcd_sidecar:
             raise SpecError(
                 "rdzv",
                 f"etcd settings are given but --rdzv is {self.rdzv.value}; add --rdzv etcd",
+                also=("etcd_endpoint",) if self.etcd_endpoints else ("etcd_sidecar",),
             )
         for endpoint in self.etcd_endpoints:
             match = _ENDPOINT.fullmatch(endpoint)

@@ -113,9 +113,14 @@ def test_existing_log_dir_is_kept_on_failure(project: Path) -> None:
         (["--template", "absent.j2", "train.py"], ["/absent.j2'", "is not a file"]),
         (
             ["--signal-lead", "900", "--time", "10", "train.py"],
-            ["--signal-lead: the warning 900 s"],
+            ["--signal-lead and --time: the warning 900 s"],
         ),
         (["-m", "--no-python", "x"], ["exclude each other"]),
+        (["--time", "1", "train.py"], ["--time and the default --signal-lead: the warning 120 s"]),
+        (["--etcd-sidecar", "train.py"], ["--etcd-sidecar and the default --rdzv: etcd settings"]),
+        (["--job-name", "exp/lr3", "train.py"], ["--job-name: 'exp/lr3' contains '/'"]),
+        (["--log-dir", "lo\\gs", "train.py"], ["--log-dir: 'lo\\\\gs' contains a backslash"]),
+        (["--sbatch-option", "chdir=/x", "train.py"], ["'chdir' is set by hpclaunch itself"]),
         (["--rdzv", "zk", "train.py"], ["'--rdzv'", "'zk' is not one of"]),
     ],
 )

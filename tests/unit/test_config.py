@@ -9,7 +9,8 @@ import pytest
 
 from hpclaunch.config import Entry, build_spec, load_profile
 from hpclaunch.errors import ConfigError, SpecError
-from hpclaunch.spec import GpuDirective, NodeRange, Rendezvous
+from hpclaunch.spec import GpuDirective, Rendezvous
+from hpclaunch.values import NodeRange
 
 ENTRY = Entry("train.py", ("--lr", "3e-4"))
 
@@ -165,11 +166,13 @@ def test_spec_errors_say_where_the_value_came_from(dirs: tuple[Path, dict[str, s
     path = write(cwd / "hpclaunch.toml", "[profiles.p]\ngpus_per_node = -2\n")
     with pytest.raises(SpecError) as info:
         build_spec(ENTRY, {}, load_profile("p", cwd, env))
-    assert str(info.value).startswith(f"profile 'p' in {path}, key 'gpus_per_node': -2 is below")
+    assert str(info.value).startswith(f"{path}, profile 'p', key 'gpus_per_node': -2 is below")
     with pytest.raises(SpecError) as info:
-        build_spec(ENTRY, {"max_requeues": -1}, None, {"max_requeues": "--max-requeues"})
+        build_spec(ENTRY, {"max_requeues": -1}, None)
     assert str(info.value).startswith("--max-requeues: -1 is below the minimum of 0")
-    with pytest.raises(SpecError, match=r"^--rdzv: static rendezvous needs a fixed node count"):
+    with pytest.raises(
+        SpecError, match=r"^--rdzv and --nodes: static rendezvous needs a fixed node count"
+    ):
         build_spec(ENTRY, {"rdzv": Rendezvous.STATIC, "nodes": NodeRange(1, 2)}, None)
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from hpclaunch.errors import TemplateError
 from hpclaunch.render import Shell, render, sbatch_quote, shell_quote, words
-from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, NodeRange, Rendezvous
+from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.values import NodeRange
 
 
 def sbatch_lines(script: str) -> list[str]:
@@ -136,7 +137,7 @@ def test_paths_relative_to_submit_dir_and_absolute() -> None:
     assert 'export HPCLAUNCH_CHECKPOINT_DIR="$SLURM_SUBMIT_DIR"/ckpt' in rel
     assert '#SBATCH --output="logs dir/%x-%j.out"' in rel
     absolute = render(JobSpec("t.py", log_dir="/scratch/logs/", checkpoint_dir="/ckpt"))
-    assert 'export HPCLAUNCH_JOB_DIR=/scratch/logs//"$SLURM_JOB_ID"' in absolute
+    assert 'export HPCLAUNCH_JOB_DIR=/scratch/logs/"$SLURM_JOB_ID"' in absolute
     assert "#SBATCH --output=/scratch/logs/%x-%j.out" in absolute
     assert "export HPCLAUNCH_CHECKPOINT_DIR=/ckpt" in absolute
     default = render(JobSpec("t.py"))
@@ -228,7 +229,7 @@ def test_super_renders_the_parent_block_as_shell(tmp_path: Path) -> None:
 
 
 def test_unlimited_time_is_written() -> None:
-    from hpclaunch.spec import parse_time
+    from hpclaunch.values import parse_time
 
     assert "--time=UNLIMITED" in sbatch_lines(
         render(JobSpec("t.py", time_limit=parse_time("UNLIMITED")))
@@ -241,3 +242,31 @@ def test_sbatch_quote_filter_refuses_line_breaks(tmp_path: Path) -> None:
         render(JobSpec("t.py", args=("a\nb",), template=template))
     ok = write(tmp_path / "ok.j2", "#SBATCH --gpus={{ spec.gpus_per_node | sbatch_quote }}\n")
     assert render(JobSpec("t.py", gpus_per_node=2, template=ok)) == "#SBATCH --gpus=2\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("ok\n{{ 1 / 0 }}", "bad.j2:2 failed: ZeroDivisionError"),
+        ('{{ "%d" % "x" }}', "bad.j2:1 failed: TypeError"),
+        ("{% for x in spec.nodes %}{% endfor %}", "failed: TypeError"),
+        ("\n\n{{ nope }}", "bad.j2:3 uses an undefined variable"),
+    ],
+)
+def test_template_runtime_errors_name_the_line(tmp_path: Path, body: str, needle: str) -> None:
+    template = write(tmp_path / "bad.j2", body + "\n")
+    with pytest.raises(TemplateError) as info:
+        render(JobSpec("t.py", template=template))
+    assert needle in str(info.value)
+
+
+def test_template_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "latin1.j2").write_bytes(b"caf\xe9\n")
+    with pytest.raises(TemplateError, match="UnicodeDecodeError"):
+        render(JobSpec("t.py", template=str(tmp_path / "latin1.j2")))
+
+
+def test_percent_in_log_dir_is_not_a_slurm_pattern() -> None:
+    script = render(JobSpec("t.py", log_dir="logs%j/"))
+    assert "#SBATCH --output=logs%%j/%x-%j.out" in script
+    assert 'export HPCLAUNCH_JOB_DIR="$SLURM_SUBMIT_DIR"/logs%j/"$SLURM_JOB_ID"' in script

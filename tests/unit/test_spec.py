@@ -7,12 +7,10 @@ from datetime import timedelta
 import pytest
 
 from hpclaunch.errors import SpecError
-from hpclaunch.spec import (
+from hpclaunch.spec import EntryKind, JobSpec, Rendezvous
+from hpclaunch.values import (
     UNLIMITED,
-    EntryKind,
-    JobSpec,
     NodeRange,
-    Rendezvous,
     format_time,
     parse_endpoints,
     parse_env,
@@ -45,6 +43,8 @@ def test_parse_nodes(text: str, expected: NodeRange, sbatch: str) -> None:
         ("2-4", "for a range write 2:4"),
         ("1:2:3", "not a node count"),
         ("0:4", "not positive"),
+        ("²", "not a node count"),
+        ("٣", "not a node count"),
     ],
 )
 def test_parse_nodes_rejects(text: str, needle: str) -> None:
@@ -73,13 +73,20 @@ def test_parse_time_accepts_slurm_forms(text: str, expected: timedelta) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "abc", "1:2:3:4", "1-", "-5", "x-1", "1-2-3", "1h", "0", "0:00:00", "1.5"]
+    "text",
+    ["", "abc", "1:2:3:4", "1-", "-5", "x-1", "1-2-3", "1h", "0", "0:00:00", "1.5", "²", "1-²"],
 )
 def test_parse_time_rejects(text: str) -> None:
     with pytest.raises(SpecError) as info:
         parse_time(text)
     assert info.value.field == "time"
     assert repr(text) in info.value.message or "zero" in info.value.message
+
+
+def test_parse_time_refuses_what_slurm_cannot_store() -> None:
+    with pytest.raises(SpecError, match="longer than SLURM can store; use UNLIMITED"):
+        parse_time("99999999999999999999")
+    assert parse_time("365-00:00:00") == timedelta(days=365)
 
 
 def test_format_time_round_trips() -> None:

@@ -1,0 +1,161 @@
+"""Parsers for the values users type (``2:4``, ``04:00:00``, ``64G``, ``K=V``).
+
+Shared by the CLI's parameter types and the profile loader, so a value means
+the same wherever it is written. Each raises SpecError naming the option.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from hpclaunch.errors import SpecError
+
+_DIGITS = re.compile(r"[0-9]+\Z")
+_SIGNED = re.compile(r"-?[0-9]+\Z")
+_MEM = re.compile(r"([0-9]+)([KMGT]?)\Z", re.IGNORECASE)
+_UNLIMITED_WORDS = frozenset({"unlimited", "infinite"})
+# SLURM keeps time limits as 32-bit minute counts.
+MAX_TIME_S = 0xFFFFFFFE * 60
+UNLIMITED = timedelta.max
+"""The time limit ``UNLIMITED``; ``None`` in a JobSpec means no limit was asked
+for (the partition's default applies)."""
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """A node count, fixed (``min == max``) or elastic."""
+
+    min: int
+    max: int
+
+    def __post_init__(self) -> None:
+        if self.min < 1:
+            raise SpecError(
+                "nodes", f"node count {self.min} is not positive; ask for at least 1 node"
+            )
+        if self.min > self.max:
+            raise SpecError(
+                "nodes",
+                f"node range {self.min}:{self.max} has MIN > MAX; "
+                f"write it as {self.max}:{self.min}",
+            )
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.min != self.max
+
+    def __str__(self) -> str:
+        """The form the CLI takes and the agent receives: ``N`` or ``MIN:MAX``."""
+        return str(self.min) if not self.is_elastic else f"{self.min}:{self.max}"
+
+    @property
+    def sbatch(self) -> str:
+        """SLURM's form: ``N`` or ``MIN-MAX``."""
+        return str(self.min) if not self.is_elastic else f"{self.min}-{self.max}"
+
+
+def parse_nodes(text: str) -> NodeRange:
+    """Parse ``N`` or ``MIN:MAX``. Raises SpecError."""
+    text = text.strip()
+    parts = text.split(":")
+    if len(parts) > 2 or not all(_SIGNED.match(p.strip()) for p in parts):
+        hint = ""
+        if re.fullmatch(r"[0-9]+-[0-9]+", text):
+            hint = f"; for a range write {text.replace('-', ':')}"
+        raise SpecError(
+            "nodes", f"{text!r} is not a node count: use N or MIN:MAX, e.g. 4 or 2:4{hint}"
+        )
+    low = int(parts[0])
+    return NodeRange(low, int(parts[-1]))
+
+
+def parse_time(text: str) -> timedelta:
+    """Parse a SLURM time limit (``UNLIMITED`` for none). Raises SpecError.
+
+    Accepted forms are SLURM's: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``, and ``UNLIMITED``/``INFINITE``.
+    """
+    raw = text
+    text = text.strip()
+    if text.lower() in _UNLIMITED_WORDS:
+        return UNLIMITED
+    days = 0
+    rest = text
+    if "-" in text:
+        day_text, _, rest = text.partition("-")
+        if not _DIGITS.match(day_text):
+            rest = ""  # forces the error below
+        else:
+            days = int(day_text)
+    fields = rest.split(":")
+    if not rest or len(fields) > 3 or not all(_DIGITS.match(f) for f in fields):
+        raise SpecError(
+            "time",
+            f"{raw!r} is not a SLURM time limit; use one of M, M:S, H:M:S, D-H, D-H:M, "
+            "D-H:M:S (e.g. 30, 04:00:00, 2-12) or UNLIMITED",
+        )
+    nums = [int(f) for f in fields]
+    if "-" in text:  # D-H, D-H:M, D-H:M:S
+        nums += [0] * (3 - len(nums))
+        hours, minutes, seconds = nums
+    elif len(nums) == 1:  # M
+        hours, minutes, seconds = 0, nums[0], 0
+    elif len(nums) == 2:  # M:S
+        hours, minutes, seconds = 0, nums[0], nums[1]
+    else:  # H:M:S
+        hours, minutes, seconds = nums
+    total_s = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total_s <= 0:
+        raise SpecError("time", f"time limit {raw!r} is zero; give a positive limit or UNLIMITED")
+    if total_s > MAX_TIME_S:
+        raise SpecError("time", f"time limit {raw!r} is longer than SLURM can store; use UNLIMITED")
+    return timedelta(seconds=total_s)
+
+
+def format_time(limit: timedelta) -> str:
+    """SLURM's ``D-HH:MM:SS`` (or ``UNLIMITED``)."""
+    if limit == UNLIMITED:
+        return "UNLIMITED"
+    total = int(limit.total_seconds())
+    days, rem = divmod(total, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, seconds = divmod(rem, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}"
+
+
+def parse_mem(text: str) -> str:
+    """Validate SLURM's ``--mem`` form (``64G``, ``500M``, ``0`` = all). Raises SpecError."""
+    match = _MEM.fullmatch(text.strip())
+    if not match:
+        raise SpecError(
+            "mem",
+            f"{text!r} is not a memory size; use a whole number with an optional unit "
+            "K, M, G or T, e.g. 64G (0 asks for all of a node's memory)",
+        )
+    return match.group(1) + match.group(2).upper()
+
+
+def parse_env(text: str) -> tuple[str, str]:
+    """Parse one ``--env KEY=VALUE``. Raises SpecError."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SpecError("env", f"{text!r} has no '='; write KEY=VALUE, e.g. --env NCCL_DEBUG=INFO")
+    return key, value
+
+
+def parse_sbatch_option(text: str) -> tuple[str, str | None]:
+    """Parse ``KEY=VALUE`` or a bare flag ``KEY`` (e.g. ``exclusive``)."""
+    key, sep, value = text.partition("=")
+    return key.lstrip("-"), (value if sep else None)
+
+
+def parse_endpoints(text: str) -> tuple[str, ...]:
+    """Parse ``host:port[,host:port...]``. Raises SpecError."""
+    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not endpoints:
+        raise SpecError(
+            "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
+        )
+    return endpoints
