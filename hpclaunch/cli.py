@@ -20,6 +20,13 @@ import click
 from hpclaunch import __version__
 from hpclaunch.errors import ExitCode, HpclaunchError, SpecError
 from hpclaunch.slurm import Slurm
+from hpclaunch.spec import (
+    DEFAULT_LOG_DIR,
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_SIGNAL_LEAD_S,
+    Rendezvous,
+)
 
 
 @dataclass
@@ -37,6 +44,14 @@ def fail(exc: HpclaunchError) -> NoReturn:
     sys.exit(int(exc.exit_code))
 
 
+class _BadValue(click.BadParameter):
+    """A bad flag value: one ``Error:`` paragraph, like every other hpclaunch error
+    (click's default would add the usage lines first)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"Error: {self.format_message()}", err=True)
+
+
 class _SpecParam(click.ParamType):  # type: ignore[type-arg]
     """A flag value parsed by one of hpclaunch.spec's parsers."""
 
@@ -50,7 +65,7 @@ class _SpecParam(click.ParamType):  # type: ignore[type-arg]
         try:
             return self._parse(value)
         except SpecError as exc:
-            self.fail(exc.message, param, ctx)
+            raise _BadValue(exc.message, ctx, param) from None
 
 
 def _types() -> dict[str, _SpecParam]:
@@ -100,30 +115,34 @@ def main(ctx: click.Context) -> None:
 @click.option("--cpus-per-task", type=int, help="CPUs for each node's agent and its workers.")
 @click.option("--job-name", help="Job name. [default: the script's name]")
 @click.option(
-    "--log-dir", help="Folder for logs (%x-%j.out) and job folders. [default: hpclaunch-logs]"
+    "--log-dir",
+    help=f"Folder for logs (%x-%j.out) and job folders. [default: {DEFAULT_LOG_DIR}]",
 )
 @click.option(
     "--checkpoint-dir",
     help="HPCLAUNCH_CHECKPOINT_DIR for workers. [default: LOG_DIR/JOBID/checkpoints]",
 )
 @click.option(
-    "--max-restarts", type=int, help="In-place worker-group restarts per node. [default: 3]"
+    "--max-restarts",
+    type=int,
+    help=f"In-place worker-group restarts per node. [default: {DEFAULT_MAX_RESTARTS}]",
 )
 @click.option(
     "--max-requeues",
     type=int,
-    help="Requeue budget given to the batch-step supervisor. [default: 3]",
+    help=f"Requeue budget given to the batch-step supervisor. [default: {DEFAULT_MAX_REQUEUES}]",
 )
 @click.option(
     "--signal-lead",
     "signal_lead_s",
     type=int,
-    help="Seconds before the time limit that SLURM warns the job (USR1). [default: 120]",
+    help="Seconds before the time limit that SLURM warns the job (USR1). "
+    f"[default: {DEFAULT_SIGNAL_LEAD_S}]",
 )
 @click.option(
     "--rdzv",
     type=click.Choice(["static", "c10d", "etcd"]),
-    help="Rendezvous backend. [default: c10d]",
+    help=f"Rendezvous backend. [default: {Rendezvous.C10D.value}]",
 )
 @click.option(
     "--etcd-endpoint",
@@ -204,7 +223,7 @@ def sbatch(
     """
     from hpclaunch.config import Entry, build_spec, load_profile
     from hpclaunch.render import render
-    from hpclaunch.spec import EntryKind, Rendezvous
+    from hpclaunch.spec import EntryKind
 
     if script.startswith("-") and script != "-":
         # ignore_unknown_options lets a mistyped option through as SCRIPT.
@@ -212,7 +231,7 @@ def sbatch(
         known = [opt for param in ctx.command.params for opt in param.opts]
         raise click.NoSuchOption(script.split("=")[0], possibilities=known, ctx=ctx)
     if module and no_python:
-        raise click.UsageError("-m/--module and --no-python exclude each other; give one")
+        fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
     kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
     if flags["rdzv"] is not None:
         flags["rdzv"] = Rendezvous(flags["rdzv"])

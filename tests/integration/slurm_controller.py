@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +59,13 @@ def _missing() -> list[str]:
     ]
 
 
+def _free_port() -> int:
+    """A loopback port nothing listens on now (two test runs must not collide)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
 def slurm_controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     missing = _missing()
@@ -75,7 +83,7 @@ def slurm_controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contr
     subprocess.run(["mungekey", "--create", "--keyfile", str(key)], check=True, capture_output=True)
     key.chmod(0o600)
     conf = state / "slurm.conf"
-    conf.write_text(CONFIG.format(state=state, port=16917))
+    conf.write_text(CONFIG.format(state=state, port=_free_port()))
     env = {"PATH": f"/usr/sbin:{os.environ['PATH']}", "SLURM_CONF": str(conf)}
     log = (state / "daemons.log").open("w")
     procs = []

@@ -1,0 +1,24 @@
+"""The public facade: what `import hpclaunch` offers is pinned here."""
+
+from __future__ import annotations
+
+import hpclaunch
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(hpclaunch.__all__) == [
+        "ConfigError",
+        "EntryKind",
+        "GpuDirective",
+        "HpclaunchError",
+        "JobSpec",
+        "NodeRange",
+        "Rendezvous",
+        "SlurmError",
+        "SlurmNotFound",
+        "SpecError",
+        "TemplateError",
+        "__version__",
+    ]
+    for name in hpclaunch.__all__:
+        assert hasattr(hpclaunch, name), name
