@@ -292,7 +292,8 @@ def supervise(max_requeues: int, job_dir: str | None, step: tuple[str, ...]) -> 
     # Requeueing is not built yet: the budget and folder are accepted so that
     # scripts rendered now keep working once it is.
     del max_requeues, job_dir
-    logging.getLogger("hpclaunch").setLevel(logging.INFO)
+    job = os.environ.get("SLURM_JOB_ID", "-")
+    logging.basicConfig(level=logging.INFO, format=f"hpclaunch[job {job}]: %(message)s", force=True)
     try:
         status = run_step(step)
     except FileNotFoundError:
