@@ -304,3 +304,12 @@ def supervise(max_requeues: int, job_dir: str | None, step: tuple[str, ...]) -> 
         )
         sys.exit(int(ExitCode.SLURM))
     sys.exit(status)
+
+
+def _register_subcommands() -> None:
+    from hpclaunch.sandbox.cli import sandbox
+
+    main.add_command(sandbox)
+
+
+_register_subcommands()

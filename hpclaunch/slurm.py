@@ -35,14 +35,23 @@ class Runner(Protocol):
     a missing command or a time-out (a non-zero exit is a result, not an error)."""
 
     def __call__(
-        self, argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CommandResult: ...
 
 
 def subprocess_runner(
-    argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> CommandResult:
-    """The real runner."""
+    """The real runner; ``env`` (None: this process's) is the command's whole environment."""
     try:
         proc = subprocess.run(
             list(argv),
@@ -50,6 +59,7 @@ def subprocess_runner(
             text=True,
             timeout=timeout_s,
             cwd=cwd,
+            env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
             check=False,
         )
@@ -91,7 +101,12 @@ class FakeRunner:
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
     def __call__(
-        self, argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         argv = tuple(argv)
         self.calls.append(argv)
@@ -129,9 +144,10 @@ class Slurm:
 
     runner: Runner = subprocess_runner
     timeout_s: float = DEFAULT_TIMEOUT_S
+    env: Mapping[str, str] | None = None  # None: this process's environment
 
     def _run(self, argv: Sequence[str], cwd: Path | None = None) -> CommandResult:
-        result = self.runner(argv, timeout_s=self.timeout_s, cwd=cwd)
+        result = self.runner(argv, timeout_s=self.timeout_s, cwd=cwd, env=self.env)
         if result.returncode != 0:
             detail = result.stderr.strip() or result.stdout.strip() or "(no output)"
             raise SlurmError(
@@ -150,3 +166,48 @@ class Slurm:
             return parse_sbatch_parsable(result.stdout)
         except ValueError as exc:
             raise SlurmError(argv, result.returncode, result.stderr, str(exc)) from None
+
+    def ping(self) -> bool:
+        """Whether slurmctld answers."""
+        try:
+            return "is UP" in self._run(("scontrol", "ping")).stdout
+        except SlurmError:
+            return False
+
+    def node_states(self) -> dict[str, NodeState]:
+        """Every node's state, from sinfo."""
+        result = self._run(("sinfo", "--Node", "--noheader", "--format=%N %T"))
+        return parse_sinfo_nodes(result.stdout)
+
+    def update_node(self, name: str, state: str, reason: str | None = None) -> None:
+        """``scontrol update NodeName=NAME State=STATE [Reason=...]``. Raises SlurmError."""
+        argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]
+        if reason is not None:
+            argv.append(f"Reason={reason}")
+        self._run(argv)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node's state as sinfo reports it: the base state and whether the
+    controller has heard from it (a trailing ``*`` means it has not)."""
+
+    state: str  # e.g. "idle", "allocated", "down", "drained", "mixed"
+    responding: bool = True
+
+
+# sinfo marks states with one trailing flag character; "*" is "not responding".
+_STATE_FLAGS = "*~#!%$@^-"
+
+
+def parse_sinfo_nodes(stdout: str) -> dict[str, NodeState]:
+    """Parse ``sinfo --Node --noheader --format='%N %T'``; a node listed in several
+    partitions appears once."""
+    out: dict[str, NodeState] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        name, raw = parts
+        out[name] = NodeState(raw.rstrip(_STATE_FLAGS).lower(), not raw.endswith("*"))
+    return out

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import VENV_BIN
-from tests.integration.slurm_controller import slurm_controller
+from tests.integration.sandbox_fixture import sandbox
 
-__all__ = ["hpclaunch_bin", "slurm_controller"]
+__all__ = ["hpclaunch_bin", "sandbox"]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`hpclaunch sbatch` against a real slurmctld: what SLURM stores is what the
+"""`hpclaunch sbatch` against the real SLURM sandbox: what SLURM stores is what the
 user asked for, byte for byte, and its refusals reach the user."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.slurm_controller import Controller
+from tests.integration.sandbox_fixture import Running
 
 pytestmark = pytest.mark.integration
 
@@ -38,25 +38,29 @@ def job_record(env: dict[str, str], job_id: int) -> dict[str, Any]:
         text=True,
         check=True,
     )
-    (job,) = json.loads(out.stdout)["jobs"]
+    # squeue 22.05 ignores --jobs with --json: filter here.
+    (job,) = [j for j in json.loads(out.stdout)["jobs"] if j["job_id"] == job_id]
     return job  # type: ignore[no-any-return]
 
 
 def test_submitted_job_is_what_was_asked_for(
-    slurm_controller: Controller,
+    sandbox: Running,
     hpclaunch_bin: Path,
     tmp_path: Path,
 ) -> None:
     (tmp_path / "train.py").write_text("")
     result = hpclaunch(
-        hpclaunch_bin, tmp_path, slurm_controller.env,
+        hpclaunch_bin, tmp_path, sandbox.env,
         "--nodes", "2", "--job-name", HOSTILE_NAME, "--sbatch-option", f"comment={HOSTILE_NAME}",
         "--sbatch-option", "hold", "--log-dir", "my logs", "train.py",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     job_id = int(result.stdout)
     assert result.stdout == f"{job_id}\n"
-    job = job_record(slurm_controller.env, job_id)
+    try:
+        job = job_record(sandbox.env, job_id)
+    finally:
+        subprocess.run(["scancel", str(job_id)], env=sandbox.env, check=True)
     assert job["name"] == HOSTILE_NAME
     assert job["comment"] == HOSTILE_NAME
     assert job["node_count"] == 2
@@ -70,14 +74,12 @@ def test_submitted_job_is_what_was_asked_for(
 
 
 def test_sbatch_refusal_is_shown_and_nothing_is_left(
-    slurm_controller: Controller,
+    sandbox: Running,
     hpclaunch_bin: Path,
     tmp_path: Path,
 ) -> None:
     (tmp_path / "train.py").write_text("")
-    result = hpclaunch(
-        hpclaunch_bin, tmp_path, slurm_controller.env, "--partition", "nope", "train.py"
-    )
+    result = hpclaunch(hpclaunch_bin, tmp_path, sandbox.env, "--partition", "nope", "train.py")
     assert result.returncode == 3
     assert "sbatch: error: invalid partition specified: nope" in result.stderr
     assert result.stdout == ""

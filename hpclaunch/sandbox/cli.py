@@ -1,0 +1,140 @@
+"""``hpclaunch sandbox ...``: commands over ``Sandbox``; library errors become
+messages and exit codes here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from hpclaunch.errors import HpclaunchError
+
+if TYPE_CHECKING:
+    from hpclaunch.sandbox.cluster import Sandbox
+
+
+def _fail(exc: HpclaunchError) -> None:
+    click.echo(f"Error: {exc}", err=True)
+    sys.exit(int(exc.exit_code))
+
+
+@click.group()
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="HPCLAUNCH_SANDBOX_DIR",
+    help="Folder holding the sandbox's state. [default: ~/.cache/hpclaunch/sandbox]",
+)
+@click.pass_context
+def sandbox(ctx: click.Context, state_dir: Path | None) -> None:
+    """A real SLURM cluster on this machine, for trying jobs and failures."""
+    from hpclaunch.sandbox.cluster import Sandbox, default_state_dir
+
+    ctx.obj = Sandbox((state_dir or default_state_dir()).absolute())
+
+
+@sandbox.command()
+@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="Fake GPUs (GRES) per node: CUDA_VISIBLE_DEVICES appears in jobs.")  # fmt: skip
+@click.option("--partitions", type=click.Choice(["default", "preempt"]), default="default",
+              show_default=True, help="preempt: partitions low (default) and high, which "
+              "preempts low by requeueing.")  # fmt: skip
+@click.option("--mode", type=click.Choice(["auto", "netns", "loopback"]), default="auto",
+              show_default=True, help="netns: a network namespace per node; loopback: all "
+              "slurmd on 127.0.0.1.")  # fmt: skip
+@click.pass_obj
+def up(box: Sandbox, nodes: int, gpus_per_node: int, partitions: str, mode: str) -> None:
+    """Start the sandbox (or keep the one that is up) and print how to use it."""
+    from hpclaunch.sandbox.cluster import check_prerequisites
+    from hpclaunch.sandbox.conf import Mode, Partitions, SandboxSpec
+
+    try:
+        check_prerequisites()
+        spec = SandboxSpec(nodes, gpus_per_node, Partitions(partitions), Mode(mode))
+        lay = box.up(spec)
+    except HpclaunchError as exc:
+        _fail(exc)
+    click.echo(
+        f"sandbox up: {len(lay.nodes)} nodes ({lay.mode.value} mode); to use it:\n"
+        f'  eval "$(hpclaunch sandbox --state-dir {shlex.quote(str(box.state_dir))} env)"',
+        err=True,
+    )
+
+
+@sandbox.command()
+@click.pass_obj
+def down(box: Sandbox) -> None:
+    """Stop every process of the sandbox; remove its namespaces and links."""
+    try:
+        left = box.down()
+    except HpclaunchError as exc:
+        _fail(exc)
+    if left:
+        click.echo(f"Error: could not remove: {', '.join(left)}", err=True)
+        sys.exit(1)
+
+
+@sandbox.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.pass_obj
+def status(box: Sandbox, as_json: bool) -> None:
+    """Show the daemons and each node's state."""
+    try:
+        info: dict[str, Any] = box.status()
+    except HpclaunchError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    if "mode" not in info:
+        click.echo(f"no sandbox in {info['state_dir']}")
+        sys.exit(1)
+    health = "up" if info["up"] else "DEGRADED (a daemon is gone; see status --json)"
+    click.echo(f"sandbox {health} ({info['mode']} mode), {info['state_dir']}")
+    for name, node in info["nodes"].items():
+        flag = "" if node["responding"] else " (not responding)"
+        click.echo(f"  {name:<4} {node['addr']:<15} {node['switch']:<6} {node['state']}{flag}")
+
+
+@sandbox.command()
+@click.pass_obj
+def env(box: Sandbox) -> None:
+    """Print the export line that points SLURM's commands at the sandbox."""
+    try:
+        values = box.env()
+    except HpclaunchError as exc:
+        _fail(exc)
+    for key, value in values.items():
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
+def _node_command(name: str, doc: str, action: str) -> None:
+    @sandbox.command(name=name, help=doc)
+    @click.argument("node")
+    @click.pass_obj
+    def command(box: Sandbox, node: str) -> None:
+        try:
+            if action == "kill":
+                box.kill_node(node)
+            elif action == "start":
+                box.start_node(node)
+            elif action in ("cut", "heal"):
+                box.cut_node(node, heal=action == "heal")
+            else:
+                box.set_node_state(node, action, f"hpclaunch sandbox {name}")
+        except HpclaunchError as exc:
+            _fail(exc)
+
+
+_node_command("kill-node", "Kill NODE's slurmd and every process on it, as a crash would.", "kill")
+_node_command("start-node", "Start a killed NODE's slurmd again.", "start")
+_node_command("cut-node", "Cut NODE off the network (netns mode).", "cut")
+_node_command("heal-node", "Reconnect a cut NODE.", "heal")
+_node_command("down-node", "Mark NODE DOWN through scontrol (fast, for tests).", "DOWN")
+_node_command("drain-node", "Drain NODE through scontrol: no new jobs start there.", "DRAIN")
+_node_command("resume-node", "Return a DOWN or drained NODE to service.", "RESUME")

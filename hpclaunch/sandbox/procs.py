@@ -1,0 +1,111 @@
+"""Processes by PID: identity, trees and namespaces, read from /proc.
+
+A PID alone can be reused, so a tracked process is a (pid, start time) pair.
+Zombies count as dead: this sandbox's parent may reap them late.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name sits in parentheses and may contain spaces.
+    return text[text.rindex(")") + 2 :].split()
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A process this sandbox started."""
+
+    pid: int
+    start_time: int  # clock ticks after boot, from /proc/PID/stat
+
+    @classmethod
+    def of(cls, pid: int) -> Tracked:
+        fields = _stat_fields(pid)
+        if fields is None:
+            raise ProcessLookupError(pid)
+        return cls(pid, int(fields[19]))
+
+    def alive(self) -> bool:
+        """Running (not a zombie) and still the process that was started."""
+        fields = _stat_fields(self.pid)
+        return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start_time
+
+
+def parents() -> dict[int, int]:
+    """pid → parent pid of every live process."""
+    out = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and fields[0] != "Z":
+                out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def descendants(pid: int, table: dict[int, int] | None = None) -> list[int]:
+    """Every live descendant of ``pid``, children before grandchildren."""
+    table = parents() if table is None else table
+    children: dict[int, list[int]] = {}
+    for child, parent in table.items():
+        children.setdefault(parent, []).append(child)
+    out, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            out.append(child)
+            queue.append(child)
+    return out
+
+
+def in_netns(netns_path: Path) -> list[int]:
+    """Live processes whose network namespace is the one at ``netns_path``."""
+    try:
+        inode = netns_path.stat().st_ino
+    except FileNotFoundError:
+        return []
+    out = []
+    for pid in parents():
+        try:
+            if os.stat(PROC / str(pid) / "ns" / "net").st_ino == inode:
+                out.append(pid)
+        except (FileNotFoundError, PermissionError):
+            continue
+    return out
+
+
+def kill(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
+    """Wait until none of ``pids`` is alive (zombies count as gone); return the survivors."""
+    tracked = [t for t in (_tracked_or_none(p) for p in pids) if t is not None]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [t.pid for t in tracked if t.alive()]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def _tracked_or_none(pid: int) -> Tracked | None:
+    try:
+        return Tracked.of(pid)
+    except ProcessLookupError:
+        return None
