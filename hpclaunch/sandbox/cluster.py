@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -43,6 +44,7 @@ REQUIRED_COMMANDS = {
     "unshare": "util-linux",
 }
 START_TIMEOUT_S = 30.0
+_CONF_SAFE = re.compile(r"[A-Za-z0-9._/+@:,-]+\Z")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -53,11 +55,29 @@ def default_state_dir(env: dict[str, str] | None = None) -> Path:
     return Path(cache) / "hpclaunch" / "sandbox"
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout_s: float, logs: str) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait(
+    condition: Callable[[], bool], what: str, logs: Path, daemons: dict[str, list[int]]
+) -> None:
+    """Poll ``condition``; fail at once, quoting its output, if a daemon dies meanwhile."""
+    deadline = time.monotonic() + START_TIMEOUT_S
     while not condition():
+        for name, rec in daemons.items():
+            if not procs.Tracked(*rec).alive():
+                out = logs / f"{name if name in ('munged', 'slurmctld') else 'slurmd-' + name}.out"
+                tail = (
+                    out.read_text(errors="replace").strip().splitlines()[-3:]
+                    if out.exists()
+                    else []
+                )
+                raise SandboxError(
+                    f"{name} exited while waiting for {what}: "
+                    + (" | ".join(tail) or "no output")
+                    + f"; see {logs}"
+                )
         if time.monotonic() > deadline:
-            raise SandboxError(f"timed out after {timeout_s:g} s waiting for {what}; see {logs}")
+            raise SandboxError(
+                f"timed out after {START_TIMEOUT_S:g} s waiting for {what}; see {logs}"
+            )
         time.sleep(0.05)
 
 
@@ -125,6 +145,11 @@ class Sandbox:
 
         Raises SandboxError naming what is missing or what failed.
         """
+        if not _CONF_SAFE.match(str(self.state_dir)):
+            raise SandboxError(
+                f"the state folder {str(self.state_dir)!r} has characters slurm.conf cannot "
+                "hold (spaces, quotes, '#', '='); choose another --state-dir"
+            )
         state = self._load()
         if state is not None:
             running = _layout_of(self.state_dir, state)
@@ -311,7 +336,7 @@ class Sandbox:
     def _start_daemons(self, lay: Layout, state: dict[str, Any]) -> dict[str, list[int]]:
         d = self.state_dir
         started: dict[str, list[int]] = {}
-        logs = str(d / "log")
+        logs = d / "log"
 
         def save() -> None:  # record each PID at once, so a failed up can be torn down
             self._save({**state, "procs": started})
@@ -323,13 +348,13 @@ class Sandbox:
             lay, "munged.out",
         )  # fmt: skip
         save()
-        _wait(lay.munge_socket.exists, "munged's socket", START_TIMEOUT_S, logs)
+        _wait(lay.munge_socket.exists, "munged's socket", logs, started)
         started["slurmctld"] = self._spawn(
             ["slurmctld", "-D", "-i", "-f", str(lay.conf_path)], lay, "slurmctld.out"
         )
         save()
         slurm = self.slurm_for(lay)
-        _wait(slurm.ping, "slurmctld to answer", START_TIMEOUT_S, logs)
+        _wait(slurm.ping, "slurmctld to answer", logs, started)
         for node in lay.nodes:
             started[node.name] = self._start_slurmd(lay, node)
             save()
@@ -342,7 +367,7 @@ class Sandbox:
                 for n in lay.nodes
             )
 
-        _wait(all_idle, "every node to be idle", START_TIMEOUT_S, logs)
+        _wait(all_idle, "every node to be idle", logs, started)
         return started
 
     def slurm_for(self, lay: Layout) -> Slurm:
@@ -411,14 +436,17 @@ def _choose_mode(mode: Mode) -> Mode:
     return Mode.LOOPBACK
 
 
-def check_prerequisites() -> None:
-    """Raise SandboxError saying exactly what to install or how to run."""
-    if os.geteuid() != 0:
+def check_prerequisites(euid: int | None = None, path: str | None = None) -> None:
+    """Raise SandboxError saying exactly what to install or how to run.
+
+    ``euid`` and ``path`` default to this process's.
+    """
+    if (os.geteuid() if euid is None else euid) != 0:
         raise SandboxError(
             "the sandbox runs slurmd, which starts jobs as any user, so it needs root; "
             "run hpclaunch sandbox as root (sudo -E hpclaunch sandbox up)"
         )
-    path = f"{os.environ.get('PATH', '')}:{SBIN_PATH}"
+    path = f"{os.environ.get('PATH', '')}:{SBIN_PATH}" if path is None else path
     missing = sorted(
         {pkg for cmd, pkg in REQUIRED_COMMANDS.items() if not shutil.which(cmd, path=path)}
     )

@@ -215,3 +215,45 @@ def _sleepers(lay: object, recorded: dict[str, list[int]]) -> list[int]:
                 except FileNotFoundError:
                     continue
     return pids
+
+
+def test_cli_commands(tmp_path: Path, hpclaunch_bin: Path) -> None:
+    require_sandbox()
+    spaced = subprocess.run(
+        [str(hpclaunch_bin), "sandbox", "--state-dir", str(tmp_path / "a b"), "up"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert spaced.returncode == 1 and "characters slurm.conf cannot hold" in spaced.stderr
+    state = tmp_path / "cli-box"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(hpclaunch_bin), "sandbox", "--state-dir", str(state), *args]
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+    try:
+        up = cli("up", "--nodes", "2", "--mode", "loopback")
+        assert up.returncode == 0, up.stderr
+        assert "sandbox up: 2 nodes (loopback mode)" in up.stderr
+        env = cli("env")
+        assert env.stdout == f"export SLURM_CONF={state}/etc/slurm.conf\n"
+        info = json.loads(cli("status", "--json").stdout)
+        assert info["up"] is True and info["mode"] == "loopback"
+        assert {name: node["state"] for name, node in info["nodes"].items()} == {
+            "n1": "idle",
+            "n2": "idle",
+        }
+        unknown = cli("kill-node", "n7")
+        assert unknown.returncode == 2
+        assert "no sandbox node is called 'n7'; the nodes are n1, n2" in unknown.stderr
+        cut = cli("cut-node", "n1")
+        assert cut.returncode == 1 and "needs netns mode" in cut.stderr
+        other = cli("up", "--nodes", "3")
+        assert other.returncode == 1 and "a sandbox with other settings is up" in other.stderr
+        assert cli("down-node", "n2").returncode == 0
+        text = cli("status").stdout
+        assert "n2" in text and "down" in text.split("n2", 1)[1].splitlines()[0]
+    finally:
+        down = cli("down")
+    assert down.returncode == 0, down.stderr
+    gone = cli("status")
+    assert gone.returncode == 1 and gone.stdout == f"no sandbox in {state}\n"

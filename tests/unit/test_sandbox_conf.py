@@ -1,0 +1,137 @@
+"""The sandbox's layout and configuration files, and its pure helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.errors import SpecError
+from hpclaunch.sandbox.cluster import check_prerequisites
+from hpclaunch.sandbox.conf import (
+    Mode,
+    Partitions,
+    SandboxSpec,
+    gres_conf,
+    hosts_file,
+    layout,
+    slurm_conf,
+    topology_conf,
+)
+from hpclaunch.sandbox.net import SandboxError
+from hpclaunch.slurm import NodeState, parse_sinfo_nodes
+
+STATE = Path("/var/tmp/sbx")
+
+
+def conf_lines(text: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1)
+        for line in text.splitlines()
+        if "=" in line and " " not in line.split("=", 1)[0]
+    )
+
+
+def test_netns_layout_gives_each_node_an_address_and_short_link_names() -> None:
+    lay = layout(STATE, SandboxSpec(nodes=4), Mode.NETNS, base_port=21000)
+    assert [n.name for n in lay.nodes] == ["n1", "n2", "n3", "n4"]
+    assert len({n.addr for n in lay.nodes}) == 4
+    assert all(n.addr.startswith(lay.subnet_prefix) for n in lay.nodes)
+    assert lay.controller_addr == lay.subnet_prefix + "1"
+    assert {n.port for n in lay.nodes} == {21001}
+    assert all(len(name) <= 15 for n in lay.nodes for name in (n.host_link, lay.bridge))
+    assert [n.switch for n in lay.nodes] == ["leaf1", "leaf1", "leaf2", "leaf2"]
+    other = layout(Path("/var/tmp/other"), SandboxSpec(nodes=4), Mode.NETNS, base_port=21000)
+    assert other.bridge != lay.bridge and other.nodes[0].netns != lay.nodes[0].netns
+
+
+def test_loopback_layout_shares_an_address_not_ports() -> None:
+    lay = layout(STATE, SandboxSpec(nodes=3), Mode.LOOPBACK, base_port=22000)
+    assert {n.addr for n in lay.nodes} == {"127.0.0.1"}
+    assert [n.port for n in lay.nodes] == [22001, 22002, 22003]
+    assert "NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=22002" in slurm_conf(lay)
+
+
+def test_slurm_conf_has_the_knobs_that_make_failures_fast() -> None:
+    lay = layout(STATE, SandboxSpec(nodes=2, gpus_per_node=2), Mode.NETNS, base_port=23000)
+    text = slurm_conf(lay)
+    values = conf_lines(text)
+    assert values["SlurmctldHost"] == f"localhost({lay.controller_addr})"
+    assert values["SlurmctldPort"] == "23000"
+    assert values["AuthInfo"] == f"socket={STATE}/munge/socket,cred_expire=5"
+    assert values["ReturnToService"] == "2"
+    assert values["JobRequeue"] == "1"
+    assert values["TopologyPlugin"] == "topology/tree"
+    assert values["GresTypes"] == "gpu"
+    assert "Gres=gpu:2" in text and "PreemptType" not in values
+    assert "PartitionName=debug Nodes=ALL Default=YES" in text
+
+
+def test_preempt_partitions() -> None:
+    lay = layout(
+        STATE, SandboxSpec(nodes=2, partitions=Partitions.PREEMPT), Mode.NETNS, base_port=1
+    )
+    text = slurm_conf(lay)
+    assert "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n" in text
+    assert (
+        "PartitionName=low Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1" in text
+    )
+    assert "PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2" in text
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        (1, "SwitchName=leaf1 Nodes=n1\nSwitchName=spine Switches=leaf1\n"),
+        (
+            3,
+            "SwitchName=leaf1 Nodes=n1,n2\nSwitchName=leaf2 Nodes=n3\n"
+            "SwitchName=spine Switches=leaf1,leaf2\n",
+        ),
+    ],
+)
+def test_topology(nodes: int, expected: str) -> None:
+    assert topology_conf(layout(STATE, SandboxSpec(nodes=nodes), Mode.NETNS, 1)) == expected
+
+
+def test_gres_and_hosts() -> None:
+    lay = layout(STATE, SandboxSpec(nodes=2, gpus_per_node=2), Mode.NETNS, 1)
+    devices = f"{STATE}/dev/nvidia0,{STATE}/dev/nvidia1"
+    assert (
+        gres_conf(lay)
+        == f"NodeName=n1 Name=gpu File={devices}\nNodeName=n2 Name=gpu File={devices}\n"
+    )
+    assert gres_conf(layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, 1)) == ""
+    hosts = hosts_file(lay).splitlines()
+    assert hosts[0] == "127.0.0.1 localhost"
+    assert f"{lay.nodes[1].addr} n2" in hosts
+
+
+def test_spec_bounds_and_unknown_node() -> None:
+    with pytest.raises(SpecError, match="outside 1 to 64"):
+        SandboxSpec(nodes=0)
+    with pytest.raises(SpecError, match="outside 0 to 16"):
+        SandboxSpec(gpus_per_node=-1)
+    lay = layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, 1)
+    with pytest.raises(SpecError, match="no sandbox node is called 'n9'; the nodes are n1, n2"):
+        lay.node("n9")
+
+
+def test_prerequisites_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(SandboxError, match="needs root"):
+        check_prerequisites(euid=1000, path=str(tmp_path))
+    with pytest.raises(SandboxError) as info:
+        check_prerequisites(euid=0, path=str(tmp_path))
+    assert "munge" in str(info.value) and "apt-get install slurm-wlm munge" in str(info.value)
+
+
+def test_parse_sinfo_nodes() -> None:
+    # Recorded from the sandbox (two partitions list each node twice).
+    recorded = "n1 idle\nn1 idle\nn2 down*\nn3 mixed\nn4 drained\nn4 drained\nn5 idle~\n"
+    assert parse_sinfo_nodes(recorded) == {
+        "n1": NodeState("idle"),
+        "n2": NodeState("down", responding=False),
+        "n3": NodeState("mixed"),
+        "n4": NodeState("drained"),
+        "n5": NodeState("idle"),
+    }
