@@ -27,6 +27,7 @@ def _fail(exc: HpclaunchError) -> None:
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar="HPCLAUNCH_SANDBOX_DIR",
+    show_envvar=True,
     help="Folder holding the sandbox's state. [default: ~/.cache/hpclaunch/sandbox]",
 )
 @click.pass_context
