@@ -69,5 +69,9 @@ class SlurmError(HpclaunchError):
         self.stderr = stderr
 
 
+class SandboxError(HpclaunchError):
+    """The sandbox cannot be started, reached or stopped."""
+
+
 class SlurmNotFound(SlurmError):
     """A SLURM command is not on PATH: this is not a SLURM login node."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -17,7 +20,7 @@ if TYPE_CHECKING:
     from hpclaunch.sandbox.cluster import Sandbox
 
 
-def _fail(exc: HpclaunchError) -> None:
+def _fail(exc: HpclaunchError) -> NoReturn:
     click.echo(f"Error: {exc}", err=True)
     sys.exit(int(exc.exit_code))
 
@@ -54,14 +57,20 @@ def up(box: Sandbox, nodes: int, gpus_per_node: int, partitions: str, mode: str)
     from hpclaunch.sandbox.cluster import check_prerequisites
     from hpclaunch.sandbox.conf import Mode, Partitions, SandboxSpec
 
+    def interrupted(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)  # unwinds through up, which tears down what it started
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
     try:
         check_prerequisites()
         spec = SandboxSpec(nodes, gpus_per_node, Partitions(partitions), Mode(mode))
         lay = box.up(spec)
     except HpclaunchError as exc:
         _fail(exc)
+    count = f"{len(lay.nodes)} node{'s' if len(lay.nodes) != 1 else ''}"
     click.echo(
-        f"sandbox up: {len(lay.nodes)} nodes ({lay.mode.value} mode); to use it:\n"
+        f"sandbox up: {count} ({lay.mode.value} mode); to use it:\n"
         f'  eval "$(hpclaunch sandbox --state-dir {shlex.quote(str(box.state_dir))} env)"',
         err=True,
     )
@@ -91,15 +100,16 @@ def status(box: Sandbox, as_json: bool) -> None:
         _fail(exc)
     if as_json:
         click.echo(json.dumps(info, indent=2))
-        return
-    if "mode" not in info:
+    elif "mode" not in info:
         click.echo(f"no sandbox in {info['state_dir']}")
-        sys.exit(1)
-    health = "up" if info["up"] else "DEGRADED (a daemon is gone; see status --json)"
-    click.echo(f"sandbox {health} ({info['mode']} mode), {info['state_dir']}")
-    for name, node in info["nodes"].items():
-        flag = "" if node["responding"] else " (not responding)"
-        click.echo(f"  {name:<4} {node['addr']:<15} {node['switch']:<6} {node['state']}{flag}")
+    else:
+        health = "up" if info["up"] else f"DEGRADED (not running: {', '.join(info['dead'])})"
+        click.echo(f"sandbox {health} ({info['mode']} mode), {info['state_dir']}")
+        for name, node in info["nodes"].items():
+            flag = "" if node["responding"] else " (not responding)"
+            click.echo(f"  {name:<4} {node['addr']:<15} {node['switch']:<6} {node['state']}{flag}")
+    # 0: up and healthy; 1: no sandbox or a degraded one.
+    sys.exit(0 if info["up"] else 1)
 
 
 @sandbox.command()
@@ -114,28 +124,46 @@ def env(box: Sandbox) -> None:
         click.echo(f"export {key}={shlex.quote(value)}")
 
 
-def _node_command(name: str, doc: str, action: str) -> None:
+def _node_command(name: str, doc: str, act: Callable[[Sandbox, str], None]) -> None:
     @sandbox.command(name=name, help=doc)
     @click.argument("node")
     @click.pass_obj
     def command(box: Sandbox, node: str) -> None:
         try:
-            if action == "kill":
-                box.kill_node(node)
-            elif action == "start":
-                box.start_node(node)
-            elif action in ("cut", "heal"):
-                box.cut_node(node, heal=action == "heal")
-            else:
-                box.set_node_state(node, action, f"hpclaunch sandbox {name}")
+            act(box, node)
         except HpclaunchError as exc:
             _fail(exc)
 
 
-_node_command("kill-node", "Kill NODE's slurmd and every process on it, as a crash would.", "kill")
-_node_command("start-node", "Start a killed NODE's slurmd again.", "start")
-_node_command("cut-node", "Cut NODE off the network (netns mode).", "cut")
-_node_command("heal-node", "Reconnect a cut NODE.", "heal")
-_node_command("down-node", "Mark NODE DOWN through scontrol (fast, for tests).", "DOWN")
-_node_command("drain-node", "Drain NODE through scontrol: no new jobs start there.", "DRAIN")
-_node_command("resume-node", "Return a DOWN or drained NODE to service.", "RESUME")
+def _scontrol(action: str) -> Callable[[Sandbox, str], None]:
+    def act(box: Sandbox, node: str) -> None:
+        from hpclaunch.sandbox.cluster import NodeAction
+
+        box.set_node_state(node, NodeAction(action), f"hpclaunch sandbox {action.lower()}")
+
+    return act
+
+
+_node_command(
+    "kill-node",
+    "Kill NODE's slurmd and every process on it, as a crash would.",
+    lambda box, node: box.kill_node(node),
+)
+_node_command(
+    "start-node",
+    "Start a killed NODE again; resume it if it was marked DOWN.",
+    lambda box, node: box.start_node(node),
+)
+_node_command(
+    "cut-node", "Cut NODE off the network (netns mode).", lambda box, node: box.cut_node(node)
+)
+_node_command("heal-node", "Reconnect a cut NODE.", lambda box, node: box.cut_node(node, heal=True))
+_node_command(
+    "down-node",
+    "Mark NODE DOWN through scontrol (what SLURM does to a dead node).",
+    _scontrol("DOWN"),
+)
+_node_command(
+    "drain-node", "Drain NODE through scontrol: no new jobs start there.", _scontrol("DRAIN")
+)
+_node_command("resume-node", "Return a DOWN or drained NODE to service.", _scontrol("RESUME"))

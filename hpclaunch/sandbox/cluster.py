@@ -2,32 +2,33 @@
 this machine, started and stopped by PID, with all state in one folder.
 
 ``Sandbox(state_dir)`` is the whole interface: ``up``, ``down``, ``status``,
-``env`` and the fault injections. The state file records what was asked for
-and every process started (PID and start time); everything else (names,
-addresses, ports) is derived from it again by ``conf.layout``.
+``env`` and the fault injections. Operations that change the sandbox hold a
+lock on its folder, so two commands never interleave.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import enum
+import fcntl
 import logging
 import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.sandbox import conf, net, procs
-from hpclaunch.sandbox.conf import Layout, Mode, Partitions, SandboxSpec
-from hpclaunch.sandbox.net import SandboxError
+from hpclaunch.errors import HpclaunchError, SandboxError
+from hpclaunch.sandbox import conf, daemons, net, state
+from hpclaunch.sandbox.conf import Layout, Mode, Placement, SandboxSpec
+from hpclaunch.sandbox.daemons import SBIN_PATH
+from hpclaunch.sandbox.procs import Tracked
+from hpclaunch.sandbox.state import SandboxState, UpAction
 from hpclaunch.slurm import NodeState, Slurm
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,18 @@ REQUIRED_COMMANDS = {
     "nsenter": "util-linux",
     "unshare": "util-linux",
 }
-START_TIMEOUT_S = 30.0
-_CONF_SAFE = re.compile(r"[A-Za-z0-9._/+@:,-]+\Z")
-SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MARKER = ".hpclaunch-sandbox"
+# slurm.conf values end at whitespace, and AuthInfo's at a comma.
+_CONF_SAFE = re.compile(r"[A-Za-z0-9._/+-]+\Z")
+_OWN_DIRS = ("etc", "ctld", "run", "dev", "spool", "munge")
+
+
+class NodeAction(enum.Enum):
+    """What ``scontrol update`` does to a node."""
+
+    DOWN = "DOWN"
+    DRAIN = "DRAIN"
+    RESUME = "RESUME"
 
 
 def default_state_dir(env: dict[str, str] | None = None) -> Path:
@@ -55,126 +65,102 @@ def default_state_dir(env: dict[str, str] | None = None) -> Path:
     return Path(cache) / "hpclaunch" / "sandbox"
 
 
-def _wait(
-    condition: Callable[[], bool], what: str, logs: Path, daemons: dict[str, list[int]]
-) -> None:
-    """Poll ``condition``; fail at once, quoting its output, if a daemon dies meanwhile."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not condition():
-        for name, rec in daemons.items():
-            if not procs.Tracked(*rec).alive():
-                out = logs / f"{name if name in ('munged', 'slurmctld') else 'slurmd-' + name}.out"
-                tail = (
-                    out.read_text(errors="replace").strip().splitlines()[-3:]
-                    if out.exists()
-                    else []
-                )
-                raise SandboxError(
-                    f"{name} exited while waiting for {what}: "
-                    + (" | ".join(tail) or "no output")
-                    + f"; see {logs}"
-                )
-        if time.monotonic() > deadline:
-            raise SandboxError(
-                f"timed out after {START_TIMEOUT_S:g} s waiting for {what}; see {logs}"
-            )
-        time.sleep(0.05)
-
-
-def _free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive TCP ports that nothing listens on now."""
-    for _ in range(200):
-        base = random.randrange(20000, 30000)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        return base
-    raise SandboxError("found no block of free TCP ports between 20000 and 30000")
-
-
 @dataclass
 class Sandbox:
-    """The sandbox whose state lives in ``state_dir``."""
+    """The sandbox whose state lives in ``state_dir`` (made absolute and resolved)."""
 
     state_dir: Path
     # Daemons this object started: kept so their exit can be reaped (no zombies).
-    _children: dict[int, subprocess.Popen[bytes]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _children: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.state_dir = self.state_dir.expanduser().resolve()
 
     @property
     def state_file(self) -> Path:
         return self.state_dir / "state.json"
 
-    # -- state -----------------------------------------------------------------
-
-    def _load(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-        except FileNotFoundError:
-            return None
-        return data
-
-    def _save(self, state: dict[str, Any]) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, self.state_file)
+    def _state(self) -> SandboxState:
+        current = state.read(self.state_file)
+        if current is None:
+            raise SandboxError(
+                f"no sandbox is up in {self.state_dir}; start one with hpclaunch sandbox up"
+            )
+        return current
 
     def layout(self) -> Layout:
-        """The running sandbox's layout. Raises SandboxError if none is up."""
-        return _layout_of(self.state_dir, self._require())
+        """The sandbox's layout. Raises SandboxError if none is up."""
+        return _layout(self.state_dir, self._state())
 
     def env(self) -> dict[str, str]:
         """What a SLURM client needs to talk to this sandbox."""
         return {"SLURM_CONF": str(self.layout().conf_path)}
 
     def slurm(self) -> Slurm:
-        """SLURM's commands pointed at this sandbox."""
-        environ = dict(os.environ)
-        environ["PATH"] = f"{environ.get('PATH', '')}:{SBIN_PATH}"
-        environ.update(self.env())
-        return Slurm(env=environ, timeout_s=15)
+        """SLURM's client commands pointed at this sandbox."""
+        return daemons.slurm(self.layout())
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with (self.state_dir / "lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     # -- up / down -------------------------------------------------------------
 
     def up(self, spec: SandboxSpec) -> Layout:
         """Start the sandbox, or return the one already up with the same settings.
 
-        Raises SandboxError naming what is missing or what failed.
+        Raises SandboxError naming what is missing or what failed; a failed or
+        interrupted up is torn down again.
         """
         if not _CONF_SAFE.match(str(self.state_dir)):
             raise SandboxError(
                 f"the state folder {str(self.state_dir)!r} has characters slurm.conf cannot "
-                "hold (spaces, quotes, '#', '='); choose another --state-dir"
+                "hold (spaces, quotes, commas, '#', '='); choose another --state-dir"
             )
-        state = self._load()
-        if state is not None:
-            running = _layout_of(self.state_dir, state)
-            if self._all_alive(state):
-                wanted_mode = spec.mode in (Mode.AUTO, running.mode)
-                if running.spec == _with_mode(spec, running.spec.mode) and wanted_mode:
-                    return running
+        with self._locked():
+            current = state.read(self.state_file)
+            action = state.decide_up(current, spec)
+            if current is not None and action is UpAction.REUSE:
+                return _layout(self.state_dir, current)
+            if current is not None and action is UpAction.CONFLICT:
                 raise SandboxError(
-                    f"a sandbox with other settings is up in {self.state_dir}; "
-                    "run hpclaunch sandbox down first"
+                    f"a sandbox with other settings is up in {self.state_dir} "
+                    f"({state.differences(current, spec)}); run hpclaunch sandbox down first"
                 )
-            self.down()  # a half-dead sandbox from before: clear it
-        mode = _choose_mode(spec.mode)
-        lay = conf.layout(self.state_dir, spec, mode, _free_port_block(spec.nodes + 1))
-        state = {"spec": _spec_json(spec), "mode": mode.value, "base_port": lay.controller_port}
-        self._prepare_files(lay)
-        self._save({**state, "procs": {}})
-        try:
-            if mode is Mode.NETNS:
-                net.create(lay)
-            procs_started = self._start_daemons(lay, state)
-        except BaseException:
-            self.down()
-            raise
-        self._save({**state, "procs": procs_started})
+            if current is not None:  # broken or half-started: clear it
+                log.warning(
+                    "sandbox: replacing a sandbox whose %s is gone", ", ".join(current.dead())
+                )
+                left = self._down(current)
+                if left:
+                    raise SandboxError(f"could not clear the old sandbox: {', '.join(left)}")
+            self._claim_folder()
+            mode = _choose_mode(spec.mode)
+            place = _placement(self.state_dir, spec, mode)
+            lay = conf.layout(self.state_dir, spec, mode, place)
+            record = SandboxState(spec, mode, place)
+            state.write(self.state_file, record)
+            try:
+                self._prepare_files(lay)
+                if mode is Mode.NETNS:
+                    net.create(lay)
+                procs: dict[str, Tracked] = {}
+
+                def keep(name: str, tracked: Tracked) -> None:  # recorded at once: a failed
+                    procs[name] = tracked  # up can then be torn down
+                    state.write(self.state_file, replace(record, procs=dict(procs)))
+
+                daemons.start_control(lay, self._children, keep)
+                for node in lay.nodes:
+                    keep(node.name, daemons.start_slurmd(lay, node, self._children))
+                daemons.wait_responding(lay, [n.name for n in lay.nodes], procs, idle=True)
+                state.write(self.state_file, replace(record, procs=procs, complete=True))
+            except BaseException:
+                self._down(state.read(self.state_file) or record)
+                raise
         log.info("sandbox: %d nodes up in %s mode", spec.nodes, mode.value)
         return lay
 
@@ -183,23 +169,24 @@ class Sandbox:
 
         Idempotent. Returns what could not be removed (empty when all is gone).
         """
-        state = self._load()
-        if state is None:
-            return []
-        lay = _layout_of(self.state_dir, state)
-        recorded = state.get("procs", {})
+        with self._locked():
+            current = state.read(self.state_file)
+            return [] if current is None else self._down(current)
+
+    def _down(self, current: SandboxState) -> list[str]:
+        lay = _layout(self.state_dir, current)
         for node in lay.nodes:
-            self._kill_node_processes(lay, node.name, recorded.get(node.name))
-        for name in ("slurmctld", "munged"):
-            _stop(recorded.get(name))
+            daemons.kill_node(lay, node.name, current.procs.get(node.name))
+        for name in reversed(state.CONTROL_DAEMONS):
+            daemons.stop(current.procs.get(name))
         if lay.mode is Mode.NETNS:
             net.destroy(lay)
         self._reap()
         left = net.leftovers(lay) if lay.mode is Mode.NETNS else []
-        left += [f"process {pid}" for pid in self._live_pids(lay, recorded)]
+        left += [f"{name} (pid {t.pid})" for name, t in current.procs.items() if t.alive()]
         if not left:
             self.state_file.unlink(missing_ok=True)
-            for sub in ("ctld", "spool", "run", "munge", "dev", "etc"):
+            for sub in _OWN_DIRS:
                 shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         return left
 
@@ -207,29 +194,29 @@ class Sandbox:
 
     def status(self) -> dict[str, Any]:
         """What is running: mode, daemons, and each node's SLURM state."""
-        state = self._load()
-        if state is None:
+        current = state.read(self.state_file)
+        if current is None:
             return {"up": False, "state_dir": str(self.state_dir)}
-        lay = _layout_of(self.state_dir, state)
-        recorded = state.get("procs", {})
+        lay = _layout(self.state_dir, current)
         states: dict[str, NodeState] = {}
-        if self.slurm().ping():
-            states = self.slurm().node_states()
+        with contextlib.suppress(HpclaunchError):
+            states = daemons.slurm(lay).node_states()
+        unknown = NodeState("unknown", responding=False)
         return {
-            "up": self._all_alive(state),
+            "up": current.healthy(),
+            "dead": current.dead(),
             "state_dir": str(self.state_dir),
             "mode": lay.mode.value,
             "slurm_conf": str(lay.conf_path),
             "daemons": {
-                name: {"pid": rec[0], "alive": procs.Tracked(*rec).alive()}
-                for name, rec in recorded.items()
+                name: {"pid": t.pid, "alive": t.alive()} for name, t in current.procs.items()
             },
             "nodes": {
                 n.name: {
                     "addr": n.addr,
                     "switch": n.switch,
-                    "state": states[n.name].state if n.name in states else "unknown",
-                    "responding": states[n.name].responding if n.name in states else False,
+                    "state": states.get(n.name, unknown).state,
+                    "responding": states.get(n.name, unknown).responding,
                 }
                 for n in lay.nodes
             },
@@ -238,27 +225,39 @@ class Sandbox:
     # -- faults ----------------------------------------------------------------
 
     def kill_node(self, name: str) -> None:
-        """Kill the node's slurmd and every process of the node, as a crash would."""
-        state = self._require()
-        lay = _layout_of(self.state_dir, state)
-        lay.node(name)
-        self._kill_node_processes(lay, name, state["procs"].get(name))
-        self._reap()
+        """Kill the node's slurmd and every process of the node, as a crash would; in
+        netns mode its link goes down first, so its peers hear nothing more from it."""
+        with self._locked():
+            current = self._state()
+            lay = _layout(self.state_dir, current)
+            node = lay.node(name)
+            if lay.mode is Mode.NETNS:
+                net.set_link(node, up=False)
+            daemons.kill_node(lay, name, current.procs.get(name))
+            self._reap()
 
     def start_node(self, name: str) -> None:
-        """Start a killed node's slurmd again. Raises SandboxError if it is running."""
-        state = self._require()
-        lay = _layout_of(self.state_dir, state)
-        node = lay.node(name)
-        rec = state["procs"].get(name)
-        if rec is not None and procs.Tracked(*rec).alive():
-            raise SandboxError(f"node {name} is running; kill-node it first")
-        state["procs"][name] = self._start_slurmd(lay, node)
-        self._save(state)
+        """Start a killed node again and wait until it answers; if it was marked
+        DOWN meanwhile, return it to service."""
+        with self._locked():
+            current = self._state()
+            lay = _layout(self.state_dir, current)
+            node = lay.node(name)
+            old = current.procs.get(name)
+            if old is not None and old.alive():
+                raise SandboxError(f"node {name} is running; kill-node it first")
+            if lay.mode is Mode.NETNS:
+                net.set_link(node, up=True)
+            tracked = daemons.start_slurmd(lay, node, self._children)
+            state.write(self.state_file, replace(current, procs={**current.procs, name: tracked}))
+            daemons.wait_responding(lay, [name], {name: tracked}, idle=False)
+            client = daemons.slurm(lay)
+            if client.node_states()[name].state in ("down", "drained", "draining"):
+                client.update_node(name, NodeAction.RESUME.value)
 
     def cut_node(self, name: str, *, heal: bool = False) -> None:
         """Cut the node off the network (or heal it). netns mode only."""
-        lay = _layout_of(self.state_dir, self._require())
+        lay = self.layout()
         node = lay.node(name)
         if lay.mode is not Mode.NETNS:
             raise SandboxError(
@@ -267,10 +266,10 @@ class Sandbox:
             )
         net.set_link(node, up=heal)
 
-    def set_node_state(self, name: str, state: str, reason: str) -> None:
-        """``scontrol update`` the node to ``state`` (DOWN, DRAIN, RESUME)."""
+    def set_node_state(self, name: str, action: NodeAction, reason: str) -> None:
+        """``scontrol update NodeName=NAME State=ACTION Reason=REASON``."""
         self.layout().node(name)
-        self.slurm().update_node(name, state, reason)
+        self.slurm().update_node(name, action.value, reason)
 
     # -- internals -------------------------------------------------------------
 
@@ -279,17 +278,18 @@ class Sandbox:
             if proc.poll() is not None:
                 del self._children[pid]
 
-    def _require(self) -> dict[str, Any]:
-        state = self._load()
-        if state is None:
+    def _claim_folder(self) -> None:
+        """Refuse a folder that holds something else: down deletes what up made there."""
+        entries = {p.name for p in self.state_dir.iterdir()} - {"lock", "log", "state.json"}
+        if entries and not (self.state_dir / MARKER).exists():
             raise SandboxError(
-                f"no sandbox is up in {self.state_dir}; start one with hpclaunch sandbox up"
+                f"{self.state_dir} already holds files ({', '.join(sorted(entries)[:3])}) and is "
+                "not a sandbox folder; choose an empty or new --state-dir"
             )
-        return state
-
-    def _all_alive(self, state: dict[str, Any]) -> bool:
-        recorded = state.get("procs", {})
-        return bool(recorded) and all(procs.Tracked(*rec).alive() for rec in recorded.values())
+        (self.state_dir / MARKER).touch()
+        mode = self.state_dir.stat().st_mode
+        if mode & 0o005 != 0o005:  # munged wants every ancestor of its socket searchable
+            os.chmod(self.state_dir, mode | 0o005)
 
     def _prepare_files(self, lay: Layout) -> None:
         d = self.state_dir
@@ -297,9 +297,7 @@ class Sandbox:
             (d / sub).mkdir(parents=True, exist_ok=True)
         for node in lay.nodes:
             (d / "spool" / node.name).mkdir(parents=True, exist_ok=True)
-        # munged wants its folder private and every ancestor searchable.
         (d / "munge").mkdir(mode=0o700, exist_ok=True)
-        os.chmod(d, 0o755)
         (d / "etc" / "slurm.conf").write_text(conf.slurm_conf(lay))
         (d / "etc" / "topology.conf").write_text(conf.topology_conf(lay))
         (d / "etc" / "gres.conf").write_text(conf.gres_conf(lay))
@@ -307,119 +305,24 @@ class Sandbox:
         for i in range(lay.spec.gpus_per_node):
             device = conf.gpu_device(lay, i)
             if not device.exists():
-                # Character devices with NVIDIA's major number: GRES binds them like GPUs.
-                os.mknod(device, 0o666 | 0o020000, os.makedev(195, i))
+                try:  # a character device with NVIDIA's major number: GRES binds it like a GPU
+                    os.mknod(device, 0o600 | 0o020000, os.makedev(195, i))
+                except PermissionError:
+                    raise SandboxError(
+                        "cannot create fake GPU device files here (no CAP_MKNOD); "
+                        "use --gpus-per-node 0"
+                    ) from None
         key = d / "munge" / "munge.key"
         if not key.exists():
-            create = ["mungekey", "--create", f"--keyfile={key}"]
-            subprocess.run(create, check=True, capture_output=True)
-        key.chmod(0o600)
-
-    def _daemon_env(self, lay: Layout) -> dict[str, str]:
-        return {
-            "PATH": SBIN_PATH,
-            "SLURM_CONF": str(lay.conf_path),
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-        }
-
-    def _spawn(self, argv: list[str], lay: Layout, log_name: str) -> list[int]:
-        with (self.state_dir / "log" / log_name).open("ab") as out:
-            proc = subprocess.Popen(
-                argv, env=self._daemon_env(lay), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        self._children[proc.pid] = proc
-        tracked = procs.Tracked.of(proc.pid)
-        return [tracked.pid, tracked.start_time]
-
-    def _start_daemons(self, lay: Layout, state: dict[str, Any]) -> dict[str, list[int]]:
-        d = self.state_dir
-        started: dict[str, list[int]] = {}
-        logs = d / "log"
-
-        def save() -> None:  # record each PID at once, so a failed up can be torn down
-            self._save({**state, "procs": started})
-
-        started["munged"] = self._spawn(
-            ["munged", "--foreground", "--force", f"--socket={lay.munge_socket}",
-             f"--key-file={d}/munge/munge.key", f"--log-file={d}/log/munged.log",
-             f"--pid-file={d}/run/munged.pid", f"--seed-file={d}/munge/seed"],
-            lay, "munged.out",
-        )  # fmt: skip
-        save()
-        _wait(lay.munge_socket.exists, "munged's socket", logs, started)
-        started["slurmctld"] = self._spawn(
-            ["slurmctld", "-D", "-i", "-f", str(lay.conf_path)], lay, "slurmctld.out"
-        )
-        save()
-        slurm = self.slurm_for(lay)
-        _wait(slurm.ping, "slurmctld to answer", logs, started)
-        for node in lay.nodes:
-            started[node.name] = self._start_slurmd(lay, node)
-            save()
-
-        def all_idle() -> bool:
-            states = slurm.node_states()
-            return all(
-                states.get(n.name, NodeState("unknown")).state == "idle"
-                and states[n.name].responding
-                for n in lay.nodes
+            made = subprocess.run(
+                ["mungekey", "--create", f"--keyfile={key}"],
+                capture_output=True,
+                text=True,
+                check=False,
             )
-
-        _wait(all_idle, "every node to be idle", logs, started)
-        return started
-
-    def slurm_for(self, lay: Layout) -> Slurm:
-        environ = self._daemon_env(lay)
-        return Slurm(env=environ, timeout_s=15)
-
-    def _start_slurmd(self, lay: Layout, node: conf.Node) -> list[int]:
-        reaper = [sys.executable, "-m", "hpclaunch.sandbox.reaper"]
-        slurmd = ["slurmd", "-D", "-N", node.name, "-f", str(lay.conf_path)]
-        if lay.mode is Mode.NETNS:
-            # Not `ip netns exec`: it remounts /sys and slurmd 22.05 then dies at start.
-            setup = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
-            argv = [
-                "nsenter", f"--net={net.netns_path(node)}", "unshare", "--mount", "--uts", "--",
-                "/bin/sh", "-c", setup, "sh", str(self.state_dir / "etc" / "hosts"), node.name,
-                *reaper, *slurmd,
-            ]  # fmt: skip
-        else:
-            argv = [*reaper, *slurmd]
-        return self._spawn(argv, lay, f"slurmd-{node.name}.out")
-
-    def _kill_node_processes(self, lay: Layout, name: str, rec: list[int] | None) -> None:
-        """SIGKILL the node's reaper tree (it adopts the node's orphans) and, in
-        netns mode, anything else still in the node's namespace."""
-        node = lay.node(name)
-        for _ in range(5):  # a process may fork while it is being killed
-            victims = []
-            if rec is not None and procs.Tracked(*rec).alive():
-                victims = [*procs.descendants(rec[0]), rec[0]]
-            if lay.mode is Mode.NETNS:
-                victims += procs.in_netns(net.netns_path(node))
-            if not victims:
-                return
-            procs.kill(victims, signal.SIGKILL)
-            procs.wait_gone(victims, timeout_s=5)
-
-    def _live_pids(self, lay: Layout, recorded: dict[str, list[int]]) -> list[int]:
-        pids = [rec[0] for rec in recorded.values() if procs.Tracked(*rec).alive()]
-        if lay.mode is Mode.NETNS:
-            for node in lay.nodes:
-                pids += procs.in_netns(net.netns_path(node))
-        return pids
-
-
-def _stop(rec: list[int] | None) -> None:
-    """SIGTERM a daemon, SIGKILL it if it is still there after 5 s."""
-    if rec is None or not procs.Tracked(*rec).alive():
-        return
-    procs.kill([rec[0]], signal.SIGTERM)
-    if procs.wait_gone([rec[0]], timeout_s=5):
-        procs.kill([rec[0]], signal.SIGKILL)
-        procs.wait_gone([rec[0]], timeout_s=5)
+            if made.returncode != 0:
+                raise SandboxError(f"mungekey could not create {key}: {made.stderr.strip()}")
+        key.chmod(0o600)
 
 
 def _choose_mode(mode: Mode) -> Mode:
@@ -434,6 +337,35 @@ def _choose_mode(mode: Mode) -> Mode:
         )
     log.warning("sandbox: no network namespaces (%s); running in loopback mode", why)
     return Mode.LOOPBACK
+
+
+def _placement(state_dir: Path, spec: SandboxSpec, mode: Mode) -> Placement:
+    """A free link-name id, subnet and port block for a new sandbox."""
+    sid = conf.short_id(state_dir)
+    while net.links_with_prefix(f"hs{sid}"):  # another sandbox's, or a leftover
+        sid = f"{random.randrange(0x10000):04x}"
+    used = net.subnets_in_use() if mode is Mode.NETNS else set()
+    preferred = int(sid, 16) % 250 + 1
+    free = [x for x in [preferred, *range(1, 251)] if x not in used]
+    if not free:
+        raise SandboxError(
+            "every 10.254.X.0/24 network is in use here; run down on other sandboxes"
+        )
+    return Placement(sid, free[0], _free_port_block(spec.nodes + 1))
+
+
+def _free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports that nothing listens on now."""
+    for _ in range(200):
+        base = random.randrange(20000, 30000)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return base
+    raise SandboxError("found no block of free TCP ports between 20000 and 30000")
 
 
 def check_prerequisites(euid: int | None = None, path: str | None = None) -> None:
@@ -457,25 +389,5 @@ def check_prerequisites(euid: int | None = None, path: str | None = None) -> Non
         )
 
 
-def _spec_json(spec: SandboxSpec) -> dict[str, Any]:
-    return {
-        "nodes": spec.nodes,
-        "gpus_per_node": spec.gpus_per_node,
-        "partitions": spec.partitions.value,
-        "mode": spec.mode.value,
-    }
-
-
-def _with_mode(spec: SandboxSpec, mode: Mode) -> SandboxSpec:
-    return SandboxSpec(spec.nodes, spec.gpus_per_node, spec.partitions, mode)
-
-
-def _layout_of(state_dir: Path, state: dict[str, Any]) -> Layout:
-    raw = state["spec"]
-    spec = SandboxSpec(
-        nodes=raw["nodes"],
-        gpus_per_node=raw["gpus_per_node"],
-        partitions=Partitions(raw["partitions"]),
-        mode=Mode(raw["mode"]),
-    )
-    return conf.layout(state_dir, spec, Mode(state["mode"]), state["base_port"])
+def _layout(state_dir: Path, current: SandboxState) -> Layout:
+    return conf.layout(state_dir, current.spec, current.mode, current.place)

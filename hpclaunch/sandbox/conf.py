@@ -100,19 +100,32 @@ class Layout:
         raise SpecError("node", f"no sandbox node is called {name!r}; the nodes are {names}")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a sandbox sits on this machine, chosen free at ``up`` and stored.
+
+    ``sid`` (four hex digits) tells its links and namespaces apart from another
+    sandbox's (interface names have 15 characters); ``subnet`` is the third octet
+    of its 10.254.X.0/24; ``base_port`` starts a block of free TCP ports
+    (controller, then one slurmd port per node in loopback mode).
+    """
+
+    sid: str
+    subnet: int
+    base_port: int
+
+
 def short_id(state_dir: Path) -> str:
-    """Four hex digits that tell this sandbox's links and namespaces apart from
-    another sandbox's on the same machine (interface names have 15 characters)."""
+    """The preferred ``sid`` of a sandbox in ``state_dir``."""
     return hashlib.sha1(str(state_dir).encode()).hexdigest()[:4]
 
 
-def layout(state_dir: Path, spec: SandboxSpec, mode: Mode, base_port: int) -> Layout:
-    """The layout of a sandbox in ``state_dir``; ``base_port`` is the first of a
-    block of free ports (controller, then one slurmd port per node in loopback mode)."""
+def layout(state_dir: Path, spec: SandboxSpec, mode: Mode, place: Placement) -> Layout:
+    """The layout of a sandbox in ``state_dir`` placed at ``place``."""
     if mode is Mode.AUTO:
         raise ValueError("layout needs a concrete mode")
-    sid = short_id(state_dir)
-    subnet = f"10.254.{int(sid, 16) % 250 + 1}."
+    sid, base_port = place.sid, place.base_port
+    subnet = f"10.254.{place.subnet}."
     netns = mode is Mode.NETNS
     half = (spec.nodes + 1) // 2
     nodes = tuple(
@@ -171,7 +184,9 @@ def slurm_conf(lay: Layout) -> str:
         "SelectTypeParameters=CR_CPU",
         "SlurmdParameters=config_overrides",
         "SchedulerParameters=sched_interval=2,bf_interval=1,batch_sched_delay=0,sched_min_interval=0",
-        "ReturnToService=2",
+        # 1: a node that stopped answering returns by itself when it registers again;
+        # one set DOWN by scontrol stays down until resumed (start-node does that).
+        "ReturnToService=1",
         "JobRequeue=1",
         "SlurmdTimeout=10",
         "KillWait=3",

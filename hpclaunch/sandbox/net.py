@@ -6,19 +6,16 @@ the host's namespace is where the nodes reach slurmctld.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpclaunch.errors import HpclaunchError
+from hpclaunch.errors import SandboxError
 from hpclaunch.sandbox.conf import Layout, Node
 
 NETNS_DIR = Path("/run/netns")
-
-
-class SandboxError(HpclaunchError):
-    """The sandbox cannot be started, reached or stopped."""
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -29,7 +26,10 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     except FileNotFoundError:
         raise SandboxError("ip is not installed; apt-get install iproute2") from None
     if check and result.returncode != 0:
-        raise SandboxError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+        raise SandboxError(
+            f"{' '.join(argv)} failed: {result.stderr.strip()}; if a sandbox that was not "
+            "shut down holds it, run hpclaunch sandbox down with its --state-dir"
+        )
     return result
 
 
@@ -39,7 +39,7 @@ def netns_path(node: Node) -> Path:
 
 def netns_permitted() -> str | None:
     """None if network namespaces can be made here, else why not."""
-    probe = "hpclaunch-probe"
+    probe = f"hpclaunch-probe-{os.getpid()}"
     result = ip("netns", "add", probe, check=False)
     if result.returncode != 0:
         return result.stderr.strip() or "ip netns add failed"
@@ -90,3 +90,22 @@ def leftovers(lay: Layout) -> list[str]:
     out = [f"netns {name}" for name in found if name in names]
     out += [f"link {link}" for link in sorted(links) if re.search(rf" {link}[:@]", present)]
     return out
+
+
+def subnets_in_use() -> set[int]:
+    """Third octets of the 10.254.X.0/24 networks this machine already has addresses in."""
+    out = set()
+    for line in ip("-o", "-4", "addr", "show", check=False).stdout.splitlines():
+        match = re.search(r" inet 10\.254\.(\d+)\.", line)
+        if match:
+            out.add(int(match.group(1)))
+    return out
+
+
+def links_with_prefix(prefix: str) -> list[str]:
+    """Namespaces and links whose names start with ``prefix`` (for leak checks)."""
+    netns = [
+        line.split()[0] for line in ip("netns", "list", check=False).stdout.splitlines() if line
+    ]
+    links = re.findall(r"^\d+: ([^:@]+)", ip("-o", "link", "show", check=False).stdout, re.M)
+    return sorted(name for name in [*netns, *links] if name.startswith(prefix))

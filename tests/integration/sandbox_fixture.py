@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import HpclaunchError
-from hpclaunch.sandbox.cluster import SBIN_PATH, Sandbox, check_prerequisites
+from hpclaunch.sandbox.cluster import Sandbox, check_prerequisites
 from hpclaunch.sandbox.conf import Layout, Mode, Partitions, SandboxSpec
+from hpclaunch.sandbox.daemons import SBIN_PATH
 
 
 @dataclass(frozen=True)

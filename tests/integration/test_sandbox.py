@@ -3,6 +3,7 @@ back, preemption requeues, and `down` leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.sandbox import net, procs
-from hpclaunch.sandbox.cluster import Sandbox
+from hpclaunch.sandbox.cluster import NodeAction, Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
+from hpclaunch.sandbox.procs import Tracked
 from hpclaunch.slurm import NodeState
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running, client_env, require_sandbox
@@ -108,7 +110,9 @@ def test_killed_node_goes_down_and_the_job_is_requeued(sandbox: Running, tmp_pat
         )
         victim = first_nodes.split()[1]
         sandbox.box.kill_node(victim)
-        sandbox.box.set_node_state(victim, "DOWN", "test: node killed")  # SLURM's own takes ~25 s
+        sandbox.box.set_node_state(
+            victim, NodeAction.DOWN, "test: node killed"
+        )  # SLURM's own takes ~25 s
         wait_for(lambda: states(sandbox.box)[victim].state == "down", what=f"{victim} DOWN")
         wait_for(lambda: len(starts.read_text().splitlines()) == 2, timeout_s=60, what="the rerun")
         restart, nodes = starts.read_text().splitlines()[1].split()
@@ -145,9 +149,9 @@ def test_high_partition_preempts_and_requeues_low(sandbox: Running, tmp_path: Pa
 
 
 def test_drain_and_resume_through_scontrol(sandbox: Running) -> None:
-    sandbox.box.set_node_state("n3", "DRAIN", "test")
+    sandbox.box.set_node_state("n3", NodeAction.DRAIN, "test")
     wait_for(lambda: states(sandbox.box)["n3"].state == "drained", what="n3 drained")
-    sandbox.box.set_node_state("n3", "RESUME", "test")
+    sandbox.box.set_node_state("n3", NodeAction.RESUME, "test")
     wait_for(lambda: states(sandbox.box)["n3"].state == "idle", what="n3 idle again")
 
 
@@ -173,48 +177,53 @@ def test_cut_node_partitions_the_network(sandbox: Running) -> None:
     wait_for(reachable, what="n4 reachable again")
 
 
+# A task that leaves an orphan in a session of its own behind, as torch workers do.
+ORPHAN_JOB = "srun bash -c '(setsid sleep 600 &); sleep 600'"
+
+
+def node_sleeps(box: Sandbox) -> dict[str, list[Tracked]]:
+    """The `sleep` processes under each node's reaper (found by PID, only to be checked)."""
+    table = procs.parents()
+    out: dict[str, list[Tracked]] = {}
+    for name, reaper in json.loads(box.state_file.read_text())["procs"].items():
+        if name.startswith("n"):
+            out[name] = []
+            for pid in procs.descendants(reaper[0], table):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                        out[name].append(Tracked.of(pid))
+    return out
+
+
 @pytest.mark.parametrize("mode", [Mode.NETNS, Mode.LOOPBACK])
-def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path, mode: Mode) -> None:
+def test_kill_node_kills_that_node_only_and_down_leaves_nothing(tmp_path: Path, mode: Mode) -> None:
     require_sandbox()
     box = Sandbox(tmp_path / "box")
     spec = SandboxSpec(nodes=2, mode=mode)
+    lay = box.up(spec)
     try:
-        lay = box.up(spec)
-        first = json.loads(box.state_file.read_text())["procs"]
+        first = json.loads(box.state_file.read_text())
         assert box.up(spec) == lay  # already up: nothing restarted
-        assert json.loads(box.state_file.read_text())["procs"] == first
+        assert json.loads(box.state_file.read_text()) == first
+        daemons = [Tracked(*rec) for rec in first["procs"].values()]
         env = client_env(box)
-        # A job whose task leaves an orphan in its own session behind, as torch workers do.
-        job = run(env, "sbatch", "--parsable", "-N2", f"--output={tmp_path}/out", "--wrap",
-                  "srun bash -c 'setsid sleep 600 & sleep 600'").strip()  # fmt: skip
+        run(env, "sbatch", "--parsable", "-N2", f"--output={tmp_path}/out", "--wrap", ORPHAN_JOB)
         wait_for(
-            lambda: "RUNNING" in run(env, "squeue", "-h", "-j", job, "-o", "%T"), what="the job"
+            lambda: [len(v) for v in node_sleeps(box).values()] == [2, 2], what="2 sleeps a node"
         )
-        wait_for(lambda: len(_sleepers(lay, first)) == 4, what="4 sleeps across 2 nodes")
-        seen = [rec[0] for rec in first.values()] + _sleepers(lay, first)
+        sleeps = node_sleeps(box)
+        orphan_parents = {procs.parents().get(t.pid) for t in sleeps["n2"]}
+        assert first["procs"]["n2"][0] in orphan_parents  # the setsid orphan was adopted
+        box.kill_node("n2")
+        assert not [t for t in sleeps["n2"] if t.alive()]
+        assert all(t.alive() for t in sleeps["n1"])  # the other node is untouched
     finally:
         left = box.down()
     assert left == []
-    assert procs.wait_gone(seen, timeout_s=5) == []
-    if mode is Mode.NETNS:
-        assert net.leftovers(lay) == []
+    assert not [t for t in [*daemons, *sleeps["n1"]] if t.alive()]
+    assert net.links_with_prefix(lay.bridge[:6]) == []  # checked apart from down's own list
     assert not box.state_file.exists()
     assert box.down() == []  # idempotent
-
-
-def _sleepers(lay: object, recorded: dict[str, list[int]]) -> list[int]:
-    """PIDs of `sleep` processes under the nodes' reapers."""
-    table = procs.parents()
-    pids = []
-    for name, rec in recorded.items():
-        if name.startswith("n"):
-            for pid in procs.descendants(rec[0], table):
-                try:
-                    if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-                        pids.append(pid)
-                except FileNotFoundError:
-                    continue
-    return pids
 
 
 def test_cli_commands(tmp_path: Path, hpclaunch_bin: Path) -> None:

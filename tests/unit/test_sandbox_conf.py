@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from hpclaunch.errors import SpecError
+from hpclaunch.errors import SandboxError, SpecError
 from hpclaunch.sandbox.cluster import check_prerequisites
 from hpclaunch.sandbox.conf import (
     Mode,
     Partitions,
+    Placement,
     SandboxSpec,
     gres_conf,
     hosts_file,
@@ -18,7 +20,8 @@ from hpclaunch.sandbox.conf import (
     slurm_conf,
     topology_conf,
 )
-from hpclaunch.sandbox.net import SandboxError
+from hpclaunch.sandbox.procs import Tracked
+from hpclaunch.sandbox.state import SandboxState, UpAction, decide_up, differences
 from hpclaunch.slurm import NodeState, parse_sinfo_nodes
 
 STATE = Path("/var/tmp/sbx")
@@ -33,7 +36,7 @@ def conf_lines(text: str) -> dict[str, str]:
 
 
 def test_netns_layout_gives_each_node_an_address_and_short_link_names() -> None:
-    lay = layout(STATE, SandboxSpec(nodes=4), Mode.NETNS, base_port=21000)
+    lay = layout(STATE, SandboxSpec(nodes=4), Mode.NETNS, Placement("ab12", 7, 21000))
     assert [n.name for n in lay.nodes] == ["n1", "n2", "n3", "n4"]
     assert len({n.addr for n in lay.nodes}) == 4
     assert all(n.addr.startswith(lay.subnet_prefix) for n in lay.nodes)
@@ -41,25 +44,27 @@ def test_netns_layout_gives_each_node_an_address_and_short_link_names() -> None:
     assert {n.port for n in lay.nodes} == {21001}
     assert all(len(name) <= 15 for n in lay.nodes for name in (n.host_link, lay.bridge))
     assert [n.switch for n in lay.nodes] == ["leaf1", "leaf1", "leaf2", "leaf2"]
-    other = layout(Path("/var/tmp/other"), SandboxSpec(nodes=4), Mode.NETNS, base_port=21000)
-    assert other.bridge != lay.bridge and other.nodes[0].netns != lay.nodes[0].netns
+    assert lay.subnet_prefix == "10.254.7." and lay.bridge == "hsab12br"
+    assert lay.nodes[0].netns == "hsab12-n1" and lay.nodes[0].host_link == "hsab12v1"
 
 
 def test_loopback_layout_shares_an_address_not_ports() -> None:
-    lay = layout(STATE, SandboxSpec(nodes=3), Mode.LOOPBACK, base_port=22000)
+    lay = layout(STATE, SandboxSpec(nodes=3), Mode.LOOPBACK, Placement("ab12", 7, 22000))
     assert {n.addr for n in lay.nodes} == {"127.0.0.1"}
     assert [n.port for n in lay.nodes] == [22001, 22002, 22003]
     assert "NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=22002" in slurm_conf(lay)
 
 
 def test_slurm_conf_has_the_knobs_that_make_failures_fast() -> None:
-    lay = layout(STATE, SandboxSpec(nodes=2, gpus_per_node=2), Mode.NETNS, base_port=23000)
+    lay = layout(
+        STATE, SandboxSpec(nodes=2, gpus_per_node=2), Mode.NETNS, Placement("ab12", 7, 23000)
+    )
     text = slurm_conf(lay)
     values = conf_lines(text)
     assert values["SlurmctldHost"] == f"localhost({lay.controller_addr})"
     assert values["SlurmctldPort"] == "23000"
     assert values["AuthInfo"] == f"socket={STATE}/munge/socket,cred_expire=5"
-    assert values["ReturnToService"] == "2"
+    assert values["ReturnToService"] == "1"
     assert values["JobRequeue"] == "1"
     assert values["TopologyPlugin"] == "topology/tree"
     assert values["GresTypes"] == "gpu"
@@ -69,7 +74,10 @@ def test_slurm_conf_has_the_knobs_that_make_failures_fast() -> None:
 
 def test_preempt_partitions() -> None:
     lay = layout(
-        STATE, SandboxSpec(nodes=2, partitions=Partitions.PREEMPT), Mode.NETNS, base_port=1
+        STATE,
+        SandboxSpec(nodes=2, partitions=Partitions.PREEMPT),
+        Mode.NETNS,
+        Placement("ab12", 7, 1),
     )
     text = slurm_conf(lay)
     assert "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n" in text
@@ -91,17 +99,20 @@ def test_preempt_partitions() -> None:
     ],
 )
 def test_topology(nodes: int, expected: str) -> None:
-    assert topology_conf(layout(STATE, SandboxSpec(nodes=nodes), Mode.NETNS, 1)) == expected
+    assert (
+        topology_conf(layout(STATE, SandboxSpec(nodes=nodes), Mode.NETNS, Placement("ab12", 7, 1)))
+        == expected
+    )
 
 
 def test_gres_and_hosts() -> None:
-    lay = layout(STATE, SandboxSpec(nodes=2, gpus_per_node=2), Mode.NETNS, 1)
+    lay = layout(STATE, SandboxSpec(nodes=2, gpus_per_node=2), Mode.NETNS, Placement("ab12", 7, 1))
     devices = f"{STATE}/dev/nvidia0,{STATE}/dev/nvidia1"
     assert (
         gres_conf(lay)
         == f"NodeName=n1 Name=gpu File={devices}\nNodeName=n2 Name=gpu File={devices}\n"
     )
-    assert gres_conf(layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, 1)) == ""
+    assert gres_conf(layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, Placement("ab12", 7, 1))) == ""
     hosts = hosts_file(lay).splitlines()
     assert hosts[0] == "127.0.0.1 localhost"
     assert f"{lay.nodes[1].addr} n2" in hosts
@@ -112,7 +123,7 @@ def test_spec_bounds_and_unknown_node() -> None:
         SandboxSpec(nodes=0)
     with pytest.raises(SpecError, match="outside 0 to 16"):
         SandboxSpec(gpus_per_node=-1)
-    lay = layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, 1)
+    lay = layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, Placement("ab12", 7, 1))
     with pytest.raises(SpecError, match="no sandbox node is called 'n9'; the nodes are n1, n2"):
         lay.node("n9")
 
@@ -135,3 +146,26 @@ def test_parse_sinfo_nodes() -> None:
         "n4": NodeState("drained"),
         "n5": NodeState("idle"),
     }
+
+
+def test_up_decision() -> None:
+    spec = SandboxSpec(nodes=2)
+    place = Placement("ab12", 7, 21000)
+    alive = Tracked.of(os.getpid())
+    gone = Tracked(alive.pid, alive.start_time + 1)  # same PID, another process
+    full = {"munged": alive, "slurmctld": alive, "n1": alive, "n2": alive}
+    healthy = SandboxState(spec, Mode.NETNS, place, full, complete=True)
+    assert decide_up(None, spec) is UpAction.START
+    assert decide_up(healthy, spec) is UpAction.REUSE
+    assert decide_up(healthy, SandboxSpec(nodes=2, mode=Mode.NETNS)) is UpAction.REUSE
+    assert decide_up(healthy, SandboxSpec(nodes=2, mode=Mode.LOOPBACK)) is UpAction.CONFLICT
+    assert decide_up(healthy, SandboxSpec(nodes=3)) is UpAction.CONFLICT
+    assert differences(healthy, SandboxSpec(nodes=3)) == "--nodes 3 (running: 2)"
+    interrupted = SandboxState(spec, Mode.NETNS, place, {"munged": alive, "slurmctld": alive})
+    assert interrupted.dead() == ["n1", "n2"]
+    assert decide_up(interrupted, spec) is UpAction.REPLACE
+    unfinished = SandboxState(spec, Mode.NETNS, place, full, complete=False)
+    assert decide_up(unfinished, spec) is UpAction.REPLACE
+    reused_pid = SandboxState(spec, Mode.NETNS, place, {**full, "n2": gone}, complete=True)
+    assert reused_pid.dead() == ["n2"] and decide_up(reused_pid, spec) is UpAction.REPLACE
+    assert SandboxState.from_json(healthy.to_json()) == healthy

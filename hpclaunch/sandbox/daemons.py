@@ -1,0 +1,177 @@
+"""Starting and stopping the sandbox's daemons, by PID.
+
+Each slurmd runs under a child subreaper (``reaper.py``), in its node's
+namespaces in netns mode; killing a node kills the reaper's whole tree, which
+holds every process of the node, however it was started.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from hpclaunch.errors import SandboxError
+from hpclaunch.sandbox import net, procs
+from hpclaunch.sandbox.conf import Layout, Mode, Node
+from hpclaunch.sandbox.procs import Tracked
+from hpclaunch.slurm import NodeState, Slurm
+
+START_TIMEOUT_S = 30.0
+SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def daemon_env(lay: Layout) -> dict[str, str]:
+    """The whole environment of every sandbox daemon."""
+    return {"PATH": SBIN_PATH, "SLURM_CONF": str(lay.conf_path), "HOME": "/root", "LANG": "C.UTF-8"}
+
+
+def slurm(lay: Layout) -> Slurm:
+    """SLURM's client commands pointed at the sandbox."""
+    return Slurm(env=daemon_env(lay), timeout_s=15)
+
+
+def log_of(lay: Layout, name: str) -> Path:
+    """Where daemon ``name`` (munged, slurmctld or a node) writes its output."""
+    label = name if name in ("munged", "slurmctld") else f"slurmd-{name}"
+    return lay.state_dir / "log" / f"{label}.out"
+
+
+def spawn(
+    argv: list[str], lay: Layout, name: str, keep: dict[int, subprocess.Popen[bytes]]
+) -> Tracked:
+    """Start a daemon in a session of its own (terminal signals do not reach it)."""
+    with log_of(lay, name).open("wb") as out:
+        proc = subprocess.Popen(
+            argv, env=daemon_env(lay), stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    keep[proc.pid] = proc  # so its exit can be reaped, not left a zombie
+    return Tracked.of(proc.pid)
+
+
+def wait(
+    condition: Callable[[], bool], what: str, lay: Layout, watched: Mapping[str, Tracked],
+    explain: Callable[[], str] = lambda: "",
+) -> None:  # fmt: skip
+    """Poll ``condition``; fail at once, quoting its output, if a watched daemon dies."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not condition():
+        for name, tracked in watched.items():
+            if not tracked.alive():
+                out = log_of(lay, name)
+                tail = (
+                    out.read_text(errors="replace").strip().splitlines()[-3:]
+                    if out.exists()
+                    else []
+                )
+                label = name if name in ("munged", "slurmctld") else f"slurmd of {name}"
+                raise SandboxError(
+                    f"{label} exited while waiting for {what}: {' | '.join(tail) or 'no output'}; "
+                    f"see {lay.state_dir / 'log'}"
+                )
+        if time.monotonic() > deadline:
+            raise SandboxError(
+                f"timed out after {START_TIMEOUT_S:g} s waiting for {what}{explain()}; "
+                f"see {lay.state_dir / 'log'}"
+            )
+        time.sleep(0.05)
+
+
+def node_states_text(lay: Layout) -> str:
+    try:
+        states = slurm(lay).node_states()
+    except SandboxError:
+        return ""
+    return (
+        " ("
+        + ", ".join(f"{n}: {s.state}{'' if s.responding else '*'}" for n, s in states.items())
+        + ")"
+    )
+
+
+def start_control(
+    lay: Layout, keep: dict[int, subprocess.Popen[bytes]], record: Callable[[str, Tracked], None]
+) -> None:
+    """munged, then slurmctld; returns once slurmctld answers."""
+    d = lay.state_dir
+    munged = spawn(
+        ["munged", "--foreground", "--force", f"--socket={lay.munge_socket}",
+         f"--key-file={d}/munge/munge.key", f"--log-file={d}/log/munged.log",
+         f"--pid-file={d}/run/munged.pid", f"--seed-file={d}/munge/seed"],
+        lay, "munged", keep,
+    )  # fmt: skip
+    record("munged", munged)
+    wait(lay.munge_socket.exists, "munged's socket", lay, {"munged": munged})
+    ctld = spawn(["slurmctld", "-D", "-i", "-f", str(lay.conf_path)], lay, "slurmctld", keep)
+    record("slurmctld", ctld)
+    wait(slurm(lay).ping, "slurmctld to answer", lay, {"munged": munged, "slurmctld": ctld})
+
+
+def start_slurmd(lay: Layout, node: Node, keep: dict[int, subprocess.Popen[bytes]]) -> Tracked:
+    reaper = [sys.executable, "-m", "hpclaunch.sandbox.reaper"]
+    slurmd = ["slurmd", "-D", "-N", node.name, "-f", str(lay.conf_path)]
+    if lay.mode is Mode.NETNS:
+        # Not `ip netns exec`: it remounts /sys and slurmd 22.05 then dies at start.
+        setup = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
+        argv = [
+            "nsenter", f"--net={net.netns_path(node)}", "unshare", "--mount", "--uts", "--",
+            "/bin/sh", "-c", setup, "sh", str(lay.state_dir / "etc" / "hosts"), node.name,
+            *reaper, *slurmd,
+        ]  # fmt: skip
+    else:
+        argv = [*reaper, *slurmd]
+    return spawn(argv, lay, node.name, keep)
+
+
+def wait_responding(
+    lay: Layout, names: list[str], watched: Mapping[str, Tracked], idle: bool
+) -> None:
+    """Until every node in ``names`` answers the controller (and is idle, if asked)."""
+    client = slurm(lay)
+
+    def ready() -> bool:
+        states = client.node_states()
+        wanted = NodeState("idle")
+        return all(
+            (states.get(n) == wanted) if idle else states.get(n, NodeState("?", False)).responding
+            for n in names
+        )
+
+    wait(ready, "every node to be idle" if idle else f"{', '.join(names)} to answer", lay,
+         watched, lambda: node_states_text(lay))  # fmt: skip
+
+
+def kill_node(lay: Layout, name: str, tracked: Tracked | None) -> None:
+    """SIGKILL every process of the node, the reaper last: while it lives it adopts
+    what a dying process leaves behind, so each pass finds the orphans of the last."""
+    node = lay.node(name)
+    reaper = tracked if tracked is not None and tracked.alive() else None
+    for _ in range(50):
+        victims = procs.descendants(reaper.pid) if reaper else []
+        if lay.mode is Mode.NETNS:
+            victims += [
+                p for p in procs.in_netns(net.netns_path(node)) if not reaper or p != reaper.pid
+            ]
+        if not victims:
+            break
+        procs.kill(victims, signal.SIGKILL)
+        procs.wait_gone(victims, timeout_s=5)
+    else:
+        raise SandboxError(f"processes of {name} kept appearing while it was being killed")
+    if reaper is not None:
+        procs.kill([reaper.pid], signal.SIGKILL)
+        procs.wait_gone([reaper.pid], timeout_s=5)
+
+
+def stop(tracked: Tracked | None) -> None:
+    """SIGTERM a daemon, SIGKILL it if it is still there after 5 s."""
+    if tracked is None or not tracked.alive():
+        return
+    procs.kill([tracked.pid], signal.SIGTERM)
+    if procs.wait_gone([tracked.pid], timeout_s=5):
+        procs.kill([tracked.pid], signal.SIGKILL)
+        procs.wait_gone([tracked.pid], timeout_s=5)
