@@ -101,11 +101,17 @@ class Sandbox:
         return daemons.slurm(self.layout())
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+    def _locked(self, create: bool = False) -> Iterator[bool]:
+        """Hold the folder's lock; yields False (and locks nothing) when the folder
+        does not exist and ``create`` is not set: there is no sandbox to change."""
+        if not self.state_dir.is_dir():
+            if not create:
+                yield False
+                return
+            self.state_dir.mkdir(parents=True)
         with (self.state_dir / "lock").open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+            yield True
 
     # -- up / down -------------------------------------------------------------
 
@@ -120,10 +126,15 @@ class Sandbox:
                 f"the state folder {str(self.state_dir)!r} has characters slurm.conf cannot "
                 "hold (spaces, quotes, commas, '#', '='); choose another --state-dir"
             )
-        with self._locked():
+        self._refuse_foreign_folder()
+        with self._locked(create=True):
             current = state.read(self.state_file)
             action = state.decide_up(current, spec)
             if current is not None and action is UpAction.REUSE:
+                return _layout(self.state_dir, current)
+            if current is not None and action is UpAction.REPAIR:
+                for name in current.dead():
+                    current = self._start_node(current, name)
                 return _layout(self.state_dir, current)
             if current is not None and action is UpAction.CONFLICT:
                 raise SandboxError(
@@ -169,8 +180,8 @@ class Sandbox:
 
         Idempotent. Returns what could not be removed (empty when all is gone).
         """
-        with self._locked():
-            current = state.read(self.state_file)
+        with self._locked() as exists:
+            current = state.read(self.state_file) if exists else None
             return [] if current is None else self._down(current)
 
     def _down(self, current: SandboxState) -> list[str]:
@@ -241,19 +252,25 @@ class Sandbox:
         DOWN meanwhile, return it to service."""
         with self._locked():
             current = self._state()
-            lay = _layout(self.state_dir, current)
-            node = lay.node(name)
             old = current.procs.get(name)
             if old is not None and old.alive():
                 raise SandboxError(f"node {name} is running; kill-node it first")
-            if lay.mode is Mode.NETNS:
-                net.set_link(node, up=True)
-            tracked = daemons.start_slurmd(lay, node, self._children)
-            state.write(self.state_file, replace(current, procs={**current.procs, name: tracked}))
-            daemons.wait_responding(lay, [name], {name: tracked}, idle=False)
-            client = daemons.slurm(lay)
-            if client.node_states()[name].state in ("down", "drained", "draining"):
-                client.update_node(name, NodeAction.RESUME.value)
+            self._start_node(current, name)
+
+    def _start_node(self, current: SandboxState, name: str) -> SandboxState:
+        lay = _layout(self.state_dir, current)
+        node = lay.node(name)
+        if lay.mode is Mode.NETNS:
+            net.set_link(node, up=True)
+        tracked = daemons.start_slurmd(lay, node, self._children)
+        current = replace(current, procs={**current.procs, name: tracked})
+        state.write(self.state_file, current)
+        daemons.wait_responding(lay, [name], {name: tracked}, idle=False)
+        client = daemons.slurm(lay)
+        if client.node_states()[name].state in ("down", "drained", "draining"):
+            client.update_node(name, NodeAction.RESUME.value)
+            daemons.wait_responding(lay, [name], {name: tracked}, idle=True)
+        return current
 
     def cut_node(self, name: str, *, heal: bool = False) -> None:
         """Cut the node off the network (or heal it). netns mode only."""
@@ -278,14 +295,18 @@ class Sandbox:
             if proc.poll() is not None:
                 del self._children[pid]
 
-    def _claim_folder(self) -> None:
+    def _refuse_foreign_folder(self) -> None:
         """Refuse a folder that holds something else: down deletes what up made there."""
-        entries = {p.name for p in self.state_dir.iterdir()} - {"lock", "log", "state.json"}
-        if entries and not (self.state_dir / MARKER).exists():
+        if not self.state_dir.is_dir() or (self.state_dir / MARKER).exists():
+            return
+        entries = sorted(p.name for p in self.state_dir.iterdir())
+        if entries:
             raise SandboxError(
-                f"{self.state_dir} already holds files ({', '.join(sorted(entries)[:3])}) and is "
+                f"{self.state_dir} already holds files ({', '.join(entries[:3])}) and is "
                 "not a sandbox folder; choose an empty or new --state-dir"
             )
+
+    def _claim_folder(self) -> None:
         (self.state_dir / MARKER).touch()
         mode = self.state_dir.stat().st_mode
         if mode & 0o005 != 0o005:  # munged wants every ancestor of its socket searchable

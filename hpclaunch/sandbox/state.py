@@ -95,6 +95,7 @@ def write(path: Path, state: SandboxState) -> None:
 class UpAction(enum.Enum):
     START = "start"  # nothing there: start one
     REUSE = "reuse"  # the same sandbox is up and healthy
+    REPAIR = "repair"  # the same sandbox, with nodes killed: start those nodes again
     CONFLICT = "conflict"  # a healthy sandbox with other settings is up: refuse
     REPLACE = "replace"  # what is there is broken or half-started: tear it down, start anew
 
@@ -103,7 +104,8 @@ def decide_up(current: SandboxState | None, wanted: SandboxSpec) -> UpAction:
     """What ``up`` does, given the recorded state (with liveness) and the request."""
     if current is None:
         return UpAction.START
-    if not current.healthy():
+    dead = current.dead()
+    if not current.complete or any(name in CONTROL_DAEMONS for name in dead):
         return UpAction.REPLACE
     same_mode = wanted.mode in (Mode.AUTO, current.mode)
     same = (wanted.nodes, wanted.gpus_per_node, wanted.partitions) == (
@@ -111,7 +113,9 @@ def decide_up(current: SandboxState | None, wanted: SandboxSpec) -> UpAction:
         current.spec.gpus_per_node,
         current.spec.partitions,
     )
-    return UpAction.REUSE if same and same_mode else UpAction.CONFLICT
+    if not (same and same_mode):
+        return UpAction.CONFLICT
+    return UpAction.REPAIR if dead else UpAction.REUSE
 
 
 def differences(current: SandboxState, wanted: SandboxSpec) -> str:

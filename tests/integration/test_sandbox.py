@@ -217,6 +217,11 @@ def test_kill_node_kills_that_node_only_and_down_leaves_nothing(tmp_path: Path, 
         box.kill_node("n2")
         assert not [t for t in sleeps["n2"] if t.alive()]
         assert all(t.alive() for t in sleeps["n1"])  # the other node is untouched
+        assert box.status()["dead"] == ["n2"]
+        box.up(spec)  # starts the killed node again, touches nothing else
+        assert box.status()["up"] is True
+        assert all(t.alive() for t in sleeps["n1"])
+        assert all(Tracked(*first["procs"][n]).alive() for n in ("munged", "slurmctld", "n1"))
     finally:
         left = box.down()
     assert left == []

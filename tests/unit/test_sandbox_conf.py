@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import SandboxError, SpecError
-from hpclaunch.sandbox.cluster import check_prerequisites
+from hpclaunch.sandbox.cluster import Sandbox, check_prerequisites
 from hpclaunch.sandbox.conf import (
     Mode,
     Partitions,
@@ -167,5 +167,23 @@ def test_up_decision() -> None:
     unfinished = SandboxState(spec, Mode.NETNS, place, full, complete=False)
     assert decide_up(unfinished, spec) is UpAction.REPLACE
     reused_pid = SandboxState(spec, Mode.NETNS, place, {**full, "n2": gone}, complete=True)
-    assert reused_pid.dead() == ["n2"] and decide_up(reused_pid, spec) is UpAction.REPLACE
+    assert reused_pid.dead() == ["n2"] and decide_up(reused_pid, spec) is UpAction.REPAIR
+    no_controller = SandboxState(
+        spec, Mode.NETNS, place, {**full, "slurmctld": gone}, complete=True
+    )
+    assert decide_up(no_controller, spec) is UpAction.REPLACE
     assert SandboxState.from_json(healthy.to_json()) == healthy
+
+
+def test_commands_on_a_missing_or_foreign_folder_create_nothing(tmp_path: Path) -> None:
+    missing = Sandbox(tmp_path / "typo")
+    assert missing.down() == []
+    with pytest.raises(SandboxError, match="no sandbox is up"):
+        missing.kill_node("n1")
+    assert not (tmp_path / "typo").exists()
+    foreign = tmp_path / "project"
+    foreign.mkdir()
+    (foreign / "notes.md").write_text("mine")
+    with pytest.raises(SandboxError, match=r"already holds files \(notes\.md\)"):
+        Sandbox(foreign).up(SandboxSpec(nodes=1))
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.md"]
