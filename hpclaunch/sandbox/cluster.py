@@ -376,9 +376,10 @@ def _placement(state_dir: Path, spec: SandboxSpec, mode: Mode) -> Placement:
 
 
 def _free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive TCP ports that nothing listens on now."""
+    """The first of ``count`` consecutive TCP ports that nothing listens on now; above
+    the ports jobs derive from their ids (hpclaunch.context), below the ephemeral range."""
     for _ in range(200):
-        base = random.randrange(20000, 30000)
+        base = random.randrange(25000, 30000 - count)
         try:
             for port in range(base, base + count):
                 with socket.socket() as probe:
@@ -386,7 +387,7 @@ def _free_port_block(count: int) -> int:
         except OSError:
             continue
         return base
-    raise SandboxError("found no block of free TCP ports between 20000 and 30000")
+    raise SandboxError("found no block of free TCP ports between 25000 and 30000")
 
 
 def check_prerequisites(euid: int | None = None, path: str | None = None) -> None:
