@@ -306,6 +306,108 @@ def supervise(max_requeues: int, job_dir: str | None, step: tuple[str, ...]) -> 
     sys.exit(status)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--nnodes", type=_T["nodes"], help="N or MIN:MAX nodes. [default: the step's]")
+@click.option(
+    "--nproc-per-node",
+    type=int,
+    help="Workers on this node. "
+    "[default: SLURM_GPUS_ON_NODE, else CUDA_VISIBLE_DEVICES' count, else 1]",
+)
+@click.option(
+    "--rdzv", type=click.Choice(["static", "c10d", "etcd"]), default="c10d", show_default=True
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_RESTARTS,
+    show_default=True,
+    help="In-place restarts of this node's worker group.",
+)
+@click.option(
+    "--master-addr", help="Address of the first node. [default: its name, or its NodeAddr]"
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    help="Rendezvous port. [default: 15000 + job id % 10000]",
+)
+@click.option(
+    "--rank-order",
+    type=click.Choice(["slurm", "topology"]),
+    default="slurm",
+    show_default=True,
+    help="topology: nodes under one leaf switch get consecutive ranks.",
+)
+@click.option("-m", "--module", is_flag=True, help="SCRIPT is a Python module name.")
+@click.option("--no-python", is_flag=True, help="SCRIPT is an executable.")
+@click.option("--dry-run", is_flag=True, help="Print the node context and launch settings as JSON.")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def agent(
+    obj: CliContext,
+    /,
+    script: str,
+    args: tuple[str, ...],
+    nnodes: Any,
+    nproc_per_node: int | None,
+    rdzv: str,
+    max_restarts: int,
+    master_addr: str | None,
+    master_port: int | None,
+    rank_order: str,
+    module: bool,
+    no_python: bool,
+    dry_run: bool,
+) -> None:
+    """Start this node's workers of SCRIPT [ARGS]... through torch's elastic agent.
+
+    Runs inside an allocation, once per node: srun --ntasks-per-node=1 hpclaunch agent ...
+    """
+    from hpclaunch import agent as node_agent
+    from hpclaunch.context import RankOrder
+    from hpclaunch.spec import EntryKind
+
+    if module and no_python:
+        fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
+    kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
+    opts = node_agent.AgentOptions(
+        entrypoint=script, args=args, entry_kind=kind, nnodes=nnodes,
+        nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
+        master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
+    )  # fmt: skip
+    try:
+        ctx = node_agent.context(obj.env, opts, obj.slurm)
+        master = master_addr or node_agent.reachable_addr(ctx.first_host, obj.slurm)
+        local = master if ctx.node_rank == 0 else node_agent.reachable_addr(ctx.hostname, obj.slurm)
+        settings = node_agent.launch_settings(ctx, opts, master, local)
+    except HpclaunchError as exc:
+        fail(exc)
+    if dry_run:
+        command, worker_args = node_agent.worker_command(opts)
+        payload = {
+            "context": {
+                "job_id": ctx.job_id, "node_rank": ctx.node_rank, "nnodes": ctx.nnodes,
+                "hosts": list(ctx.hosts), "hostname": ctx.hostname,
+                "restart_count": ctx.restart_count, "nproc_per_node": ctx.nproc_per_node,
+                "nproc_source": ctx.nproc_source, "master_addr": master,
+                "master_port": ctx.master_port, "topology_addr": ctx.topology_addr,
+            },
+            "launch": settings,
+            "worker_command": [command, *worker_args],
+            "worker_env": node_agent.worker_env(ctx),
+        }  # fmt: skip
+        click.echo(json.dumps(payload, indent=2))
+        return
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
+        force=True,
+    )
+    sys.exit(node_agent.launch(ctx, opts, settings))
+
+
 def _register_subcommands() -> None:
     from hpclaunch.sandbox.cli import sandbox
 

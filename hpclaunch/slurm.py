@@ -179,6 +179,19 @@ class Slurm:
         result = self._run(("sinfo", "--Node", "--noheader", "--format=%N %T"))
         return parse_sinfo_nodes(result.stdout)
 
+    def node_addr(self, name: str) -> str:
+        """The node's NodeAddr from ``scontrol show node``. Raises SlurmError."""
+        argv = ("scontrol", "show", "node", name)
+        text = self._run(argv).stdout
+        for word in text.split():
+            if word.startswith("NodeAddr="):
+                return word.split("=", 1)[1]
+        raise SlurmError(argv, 0, "", f"scontrol show node {name} printed no NodeAddr")
+
+    def topology(self) -> str:
+        """``scontrol show topology`` as printed (see context.parse_topology)."""
+        return self._run(("scontrol", "show", "topology")).stdout
+
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         """``scontrol update NodeName=NAME State=STATE [Reason=...]``. Raises SlurmError."""
         argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]

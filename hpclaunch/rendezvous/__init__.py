@@ -1,0 +1,1 @@
+"""Rendezvous settings and backends for torch's elastic agent (imports torch)."""

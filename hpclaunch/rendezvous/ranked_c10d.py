@@ -1,0 +1,70 @@
+"""``hpclaunch-c10d``: torch's c10d dynamic rendezvous with node ranks in SLURM's order.
+
+torch's dynamic rendezvous numbers nodes by sorting their descriptors, whose
+first field is the host name (so ``n10`` comes before ``n2``, and the node that
+hosts the store need not be rank 0). This backend gives each node a descriptor
+that sorts by the node rank hpclaunch derived from SLURM, and is otherwise
+torch's own handler. Written against torch 2.13's dynamic_rendezvous module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+NAME = "hpclaunch-c10d"
+
+
+@dataclass(frozen=True, eq=True)
+class RankedNodeDesc(dynamic._NodeDesc):
+    """A node descriptor that sorts by node rank first."""
+
+    node_rank: int = 0
+
+    def _key(self) -> tuple[int, str, int, int]:
+        return (self.node_rank, self.addr, self.pid, self.local_id)
+
+    def __lt__(self, other: Any) -> bool:
+        return self._key() < _key_of(other)
+
+    def __le__(self, other: Any) -> bool:
+        return self._key() <= _key_of(other)
+
+    def __gt__(self, other: Any) -> bool:
+        return self._key() > _key_of(other)
+
+    def __ge__(self, other: Any) -> bool:
+        return self._key() >= _key_of(other)
+
+
+def _key_of(other: Any) -> tuple[int, str, int, int]:
+    if not isinstance(other, RankedNodeDesc):
+        raise TypeError(f"cannot order a RankedNodeDesc against {type(other).__name__}")
+    return other._key()
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's c10d handler, with this node's descriptor ranked (config ``node_rank``)."""
+    node_rank = params.get_as_int("node_rank")
+    if node_rank is None:
+        raise ValueError("the hpclaunch-c10d rendezvous needs the node_rank config")
+    backend, store = create_backend(params)
+    stock = dynamic.create_handler(store, backend, params)
+    node = stock._this_node
+    ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
+    return dynamic.DynamicRendezvousHandler(
+        ranked, stock._settings, NAME, store, stock._state_holder
+    )
+
+
+def register() -> None:
+    """Make ``hpclaunch-c10d`` known to torch's registry (idempotent)."""
+    rendezvous_handler_registry.register(NAME, create_handler)

@@ -1,0 +1,62 @@
+"""The agent's pure parts: launch settings, worker command and environment."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hpclaunch.agent import AgentOptions, launch_settings, worker_command, worker_env
+from hpclaunch.context import ContextError, NodeContext
+from hpclaunch.spec import EntryKind, Rendezvous
+from hpclaunch.values import NodeRange
+
+ENV = {
+    "SLURM_JOB_ID": "77",
+    "SLURM_STEP_NODELIST": "n[1-2]",
+    "SLURM_NODEID": "1",
+    "SLURM_RESTART_COUNT": "2",
+}
+
+
+def settings(**changes: object) -> dict[str, object]:
+    opts = AgentOptions(**{"entrypoint": "train.py", **changes})  # type: ignore[arg-type]
+    return launch_settings(NodeContext.from_env(ENV, nproc_per_node=4), opts, "n1", "n2")
+
+
+def test_c10d_settings_rank_the_first_node_zero() -> None:
+    s = settings()
+    assert s["rdzv_backend"] == "hpclaunch-c10d"
+    assert s["rdzv_configs"] == {"node_rank": 1, "is_host": False}
+    assert s["rdzv_endpoint"] == "n1:15077"
+    assert (s["min_nodes"], s["max_nodes"], s["nproc_per_node"]) == (2, 2, 4)
+    assert s["run_id"] == "hpclaunch-77-2"
+    assert s["local_addr"] == "n2"
+    assert "SIGUSR1" in str(s["signals_to_handle"]) and "SIGUSR2" in str(s["signals_to_handle"])
+
+
+def test_static_and_elastic_and_etcd() -> None:
+    s = settings(rdzv=Rendezvous.STATIC)
+    assert s["rdzv_backend"] == "static" and s["rdzv_configs"] == {"rank": 1}
+    assert settings(nnodes=NodeRange(1, 4))["max_nodes"] == 4
+    with pytest.raises(ContextError, match="step has 2 nodes but --nnodes is 3:4"):
+        settings(nnodes=NodeRange(3, 4))
+    with pytest.raises(ContextError, match="static rendezvous needs a fixed node count"):
+        settings(rdzv=Rendezvous.STATIC, nnodes=NodeRange(1, 2))
+    with pytest.raises(ContextError, match="--rdzv etcd is not available"):
+        settings(rdzv=Rendezvous.ETCD)
+
+
+def test_worker_command_and_env() -> None:
+    assert worker_command(AgentOptions("t.py", ("--x",))) == (sys.executable, ("-u", "t.py", "--x"))
+    assert worker_command(AgentOptions("pkg.m", ("a",), EntryKind.MODULE)) == (
+        sys.executable,
+        ("-u", "-m", "pkg.m", "a"),
+    )
+    assert worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE)) == (
+        "/bin/app",
+        ("a",),
+    )
+    env = worker_env(NodeContext.from_env(ENV))
+    assert env["HPCLAUNCH_JOB_ID"] == "77" and env["HPCLAUNCH_REQUEUE_COUNT"] == "2"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
