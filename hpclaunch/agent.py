@@ -13,6 +13,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hpclaunch.context import ContextError, NodeContext, RankOrder, parse_topology
@@ -58,13 +59,20 @@ def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
     return low, high
 
 
-def worker_command(opts: AgentOptions) -> tuple[str, tuple[str, ...]]:
+def worker_command(opts: AgentOptions) -> tuple[str, ...]:
     """What each worker runs: python -u SCRIPT, python -u -m MODULE, or the executable."""
     if opts.entry_kind is EntryKind.MODULE:
-        return sys.executable, ("-u", "-m", opts.entrypoint, *opts.args)
+        return (sys.executable, "-u", "-m", opts.entrypoint, *opts.args)
     if opts.entry_kind is EntryKind.EXECUTABLE:
-        return opts.entrypoint, opts.args
-    return sys.executable, ("-u", opts.entrypoint, *opts.args)
+        return (opts.entrypoint, *opts.args)
+    return (sys.executable, "-u", opts.entrypoint, *opts.args)
+
+
+def guarded(command: tuple[str, ...], agent_pid: int) -> tuple[str, tuple[str, ...]]:
+    """``command`` started through worker_guard, so it dies with the agent: the
+    (entrypoint, args) pair torch's elastic_launch takes."""
+    guard = str(Path(__file__).with_name("worker_guard.py"))
+    return sys.executable, (guard, str(agent_pid), *command)
 
 
 def launch_settings(
@@ -151,7 +159,7 @@ def launch(ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any]) ->
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
     os.environ.update(worker_env(ctx))
-    command, args = worker_command(opts)
+    command, args = guarded(worker_command(opts), os.getpid())
     log.info(
         "job %d node %d/%d: %d workers, rendezvous %s at %s",
         ctx.job_id, ctx.node_rank, ctx.nnodes, ctx.nproc_per_node,

@@ -385,7 +385,6 @@ def agent(
     except HpclaunchError as exc:
         fail(exc)
     if dry_run:
-        command, worker_args = node_agent.worker_command(opts)
         payload = {
             "context": {
                 "job_id": ctx.job_id, "node_rank": ctx.node_rank, "nnodes": ctx.nnodes,
@@ -395,7 +394,7 @@ def agent(
                 "master_port": ctx.master_port, "topology_addr": ctx.topology_addr,
             },
             "launch": settings,
-            "worker_command": [command, *worker_args],
+            "worker_command": list(node_agent.worker_command(opts)),
             "worker_env": node_agent.worker_env(ctx),
         }  # fmt: skip
         click.echo(json.dumps(payload, indent=2))

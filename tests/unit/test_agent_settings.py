@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hpclaunch.agent import AgentOptions, launch_settings, worker_command, worker_env
+from hpclaunch.agent import AgentOptions, guarded, launch_settings, worker_command, worker_env
 from hpclaunch.context import ContextError, NodeContext
 from hpclaunch.spec import EntryKind, Rendezvous
 from hpclaunch.values import NodeRange
@@ -48,15 +48,14 @@ def test_static_and_elastic_and_etcd() -> None:
 
 
 def test_worker_command_and_env() -> None:
-    assert worker_command(AgentOptions("t.py", ("--x",))) == (sys.executable, ("-u", "t.py", "--x"))
-    assert worker_command(AgentOptions("pkg.m", ("a",), EntryKind.MODULE)) == (
-        sys.executable,
-        ("-u", "-m", "pkg.m", "a"),
-    )
-    assert worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE)) == (
-        "/bin/app",
-        ("a",),
-    )
+    assert worker_command(AgentOptions("t.py", ("--x",))) == (sys.executable, "-u", "t.py", "--x")
+    module = worker_command(AgentOptions("pkg.m", ("a",), EntryKind.MODULE))
+    assert module == (sys.executable, "-u", "-m", "pkg.m", "a")
+    binary = worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE))
+    assert binary == ("/bin/app", "a")
+    entry, args = guarded(("/bin/app", "a"), 4321)
+    assert entry == sys.executable and args[0].endswith("hpclaunch/worker_guard.py")
+    assert args[1:] == ("4321", "/bin/app", "a")
     env = worker_env(NodeContext.from_env(ENV))
     assert env["HPCLAUNCH_JOB_ID"] == "77" and env["HPCLAUNCH_REQUEUE_COUNT"] == "2"
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
