@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Mapping
@@ -68,9 +69,14 @@ def worker_command(opts: AgentOptions) -> tuple[str, ...]:
     return (sys.executable, "-u", opts.entrypoint, *opts.args)
 
 
-def guarded(command: tuple[str, ...], agent_pid: int) -> tuple[str, tuple[str, ...]]:
-    """``command`` started through worker_guard, so it dies with the agent: the
-    (entrypoint, args) pair torch's elastic_launch takes."""
+def guarded(
+    command: tuple[str, ...], agent_pid: int, setpriv: str | None
+) -> tuple[str, tuple[str, ...]]:
+    """``command`` set up to die with the agent (PR_SET_PDEATHSIG=SIGKILL), as the
+    (entrypoint, args) pair torch's elastic_launch takes: through util-linux's
+    ``setpriv`` where there is one (no interpreter start), else worker_guard.py."""
+    if setpriv is not None:
+        return setpriv, ("--pdeathsig", "KILL", "--", *command)
     guard = str(Path(__file__).with_name("worker_guard.py"))
     return sys.executable, (guard, str(agent_pid), *command)
 
@@ -159,7 +165,7 @@ def launch(ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any]) ->
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
     os.environ.update(worker_env(ctx))
-    command, args = guarded(worker_command(opts), os.getpid())
+    command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
     log.info(
         "job %d node %d/%d: %d workers, rendezvous %s at %s",
         ctx.job_id, ctx.node_rank, ctx.nnodes, ctx.nproc_per_node,

@@ -53,9 +53,13 @@ def test_worker_command_and_env() -> None:
     assert module == (sys.executable, "-u", "-m", "pkg.m", "a")
     binary = worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE))
     assert binary == ("/bin/app", "a")
-    entry, args = guarded(("/bin/app", "a"), 4321)
+    entry, args = guarded(("/bin/app", "a"), 4321, None)
     assert entry == sys.executable and args[0].endswith("hpclaunch/worker_guard.py")
     assert args[1:] == ("4321", "/bin/app", "a")
+    assert guarded(("/bin/app", "a"), 4321, "/usr/bin/setpriv") == (
+        "/usr/bin/setpriv",
+        ("--pdeathsig", "KILL", "--", "/bin/app", "a"),
+    )
     env = worker_env(NodeContext.from_env(ENV))
     assert env["HPCLAUNCH_JOB_ID"] == "77" and env["HPCLAUNCH_REQUEUE_COUNT"] == "2"
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
