@@ -5,7 +5,8 @@ sandbox nodes with the same script, either through `hpclaunch agent` or through
 `torchrun` (c10d rendezvous on the first node), and measures the time from just
 before srun starts to the moment the last rank is past `init_process_group`
 (each rank writes its wall clock to a file). The two launchers alternate so
-that the machine's load touches both alike. Prints medians and the ratio.
+that the machine's load touches both alike; one uncounted round warms the
+caches first. Prints medians and the ratio.
 
     .venv/bin/python bench/launch.py [--runs 5] [--nodes 2] [--nproc-per-node 2]
 """
@@ -59,6 +60,9 @@ def main() -> int:
         box = Sandbox(work / "sandbox")
         lay = box.up(SandboxSpec(nodes=args.nodes, mode=Mode.AUTO))
         env = dict(os.environ)
+        # As installed by pip, both launchers' modules have bytecode; an editable
+        # checkout under PYTHONDONTWRITEBYTECODE would recompile hpclaunch every run.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}:{SBIN_PATH}"
         env.update(box.env())
         first = lay.nodes[0].name
@@ -75,10 +79,12 @@ def main() -> int:
         world = args.nodes * args.nproc_per_node
         times: dict[str, list[float]] = {name: [] for name in commands}
         try:
-            for run in range(args.runs):
+            for run in range(-1, args.runs):  # run -1 warms caches and is not counted
                 for name, command in commands.items():
-                    out = work / f"{name.split()[0]}-{run}"
-                    times[name].append(one_run(command, env, out, world))
+                    out = work / f"{list(commands).index(name)}-{run}"
+                    elapsed = one_run(command, env, out, world)
+                    if run >= 0:
+                        times[name].append(elapsed)
         finally:
             left = box.down()
             if left:

@@ -114,17 +114,18 @@ def launch_settings(
     }
 
 
-def worker_env(ctx: NodeContext) -> dict[str, str]:
+def worker_env(ctx: NodeContext, rdzv: Rendezvous) -> dict[str, str]:
     """hpclaunch's part of the worker environment (torch adds torchrun's variables)."""
-    return {
+    env = {
         "HPCLAUNCH_JOB_ID": str(ctx.job_id),
         "HPCLAUNCH_REQUEUE_COUNT": str(ctx.restart_count),
         "HPCLAUNCH_NODE_RANK": str(ctx.node_rank),
-        # torch 2.13's shared agent store makes restarted workers read the previous
-        # attempt's addresses now and then (hangs, wasted restarts); a store of their own
-        # per attempt does not.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
+    if rdzv is Rendezvous.STATIC:
+        # torch 2.13's shared agent store makes restarted workers read the previous
+        # attempt's addresses now and then; hpclaunch-c10d switches per round itself.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
 
 
 def reachable_addr(host: str, slurm: Slurm) -> str:
@@ -164,7 +165,7 @@ def launch(ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any]) ->
     ranked_c10d.register()
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
-    os.environ.update(worker_env(ctx))
+    os.environ.update(worker_env(ctx, opts.rdzv))
     command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
     log.info(
         "job %d node %d/%d: %d workers, rendezvous %s at %s",

@@ -395,7 +395,7 @@ def agent(
             },
             "launch": settings,
             "worker_command": list(node_agent.worker_command(opts)),
-            "worker_env": node_agent.worker_env(ctx),
+            "worker_env": node_agent.worker_env(ctx, opts.rdzv),
         }  # fmt: skip
         click.echo(json.dumps(payload, indent=2))
         return

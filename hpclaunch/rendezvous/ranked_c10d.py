@@ -9,6 +9,7 @@ torch's own handler. Written against torch 2.13's dynamic_rendezvous module.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
 NAME = "hpclaunch-c10d"
+SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @dataclass(frozen=True, eq=True)
@@ -45,6 +47,26 @@ class RankedNodeDesc(dynamic._NodeDesc):
         return self._key() >= _key_of(other)
 
 
+class RankedHandler(dynamic.DynamicRendezvousHandler):
+    """torch's handler; from the second round on, workers get a store of their own.
+
+    torch 2.13 shares the agent's store with the workers by default. That is fast,
+    but after a restart the new workers sometimes read the previous attempt's
+    addresses from it (hangs, wasted restarts). The first round keeps the shared
+    store (it saves the workers a store start and connection retries); every later
+    round sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE, which torch reads per round, on
+    every node alike.
+    """
+
+    _rounds_joined = 0
+
+    def next_rendezvous(self) -> Any:
+        if self._rounds_joined:
+            os.environ[SEPARATE_STORE] = "1"
+        self._rounds_joined += 1
+        return super().next_rendezvous()
+
+
 def _key_of(other: Any) -> tuple[int, str, int, int]:
     if not isinstance(other, RankedNodeDesc):
         raise TypeError(f"cannot order a RankedNodeDesc against {type(other).__name__}")
@@ -60,9 +82,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     stock = dynamic.create_handler(store, backend, params)
     node = stock._this_node
     ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
-    return dynamic.DynamicRendezvousHandler(
-        ranked, stock._settings, NAME, store, stock._state_holder
-    )
+    return RankedHandler(ranked, stock._settings, NAME, store, stock._state_holder)
 
 
 def register() -> None:

@@ -60,6 +60,11 @@ def test_worker_command_and_env() -> None:
         "/usr/bin/setpriv",
         ("--pdeathsig", "KILL", "--", "/bin/app", "a"),
     )
-    env = worker_env(NodeContext.from_env(ENV))
-    assert env["HPCLAUNCH_JOB_ID"] == "77" and env["HPCLAUNCH_REQUEUE_COUNT"] == "2"
-    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    env = worker_env(NodeContext.from_env(ENV), Rendezvous.C10D)
+    assert env == {
+        "HPCLAUNCH_JOB_ID": "77",
+        "HPCLAUNCH_REQUEUE_COUNT": "2",
+        "HPCLAUNCH_NODE_RANK": "1",
+    }
+    static = worker_env(NodeContext.from_env(ENV), Rendezvous.STATIC)
+    assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
