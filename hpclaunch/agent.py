@@ -57,7 +57,9 @@ def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
             f"the step has {ctx.nnodes} nodes but --nnodes is {opts.nnodes}; "
             "run one agent per node of the allocation"
         )
-    return low, high
+    # SLURM has already fixed how many nodes this step has: waiting for MAX would cost
+    # torch's last-call time (30 s) for nodes that cannot come.
+    return low, ctx.nnodes
 
 
 def worker_command(opts: AgentOptions) -> tuple[str, ...]:

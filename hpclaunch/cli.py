@@ -44,6 +44,15 @@ def fail(exc: HpclaunchError) -> NoReturn:
     sys.exit(int(exc.exit_code))
 
 
+def _refuse_option_as_script(script: str) -> None:
+    """ignore_unknown_options (which lets SCRIPT's own options through) would also
+    take a mistyped hpclaunch option for SCRIPT: report it as click would."""
+    if script.startswith("-") and script != "-":
+        ctx = click.get_current_context()
+        known = [opt for param in ctx.command.params for opt in param.opts]
+        raise click.NoSuchOption(script.split("=")[0], possibilities=known, ctx=ctx)
+
+
 class _BadValue(click.BadParameter):
     """A bad flag value: one ``Error:`` paragraph, like every other hpclaunch error
     (click's default would add the usage lines first)."""
@@ -225,11 +234,7 @@ def sbatch(
     from hpclaunch.render import render
     from hpclaunch.spec import EntryKind
 
-    if script.startswith("-") and script != "-":
-        # ignore_unknown_options lets a mistyped option through as SCRIPT.
-        ctx = click.get_current_context()
-        known = [opt for param in ctx.command.params for opt in param.opts]
-        raise click.NoSuchOption(script.split("=")[0], possibilities=known, ctx=ctx)
+    _refuse_option_as_script(script)
     if module and no_python:
         fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
     kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
@@ -369,6 +374,7 @@ def agent(
     from hpclaunch.context import RankOrder
     from hpclaunch.spec import EntryKind
 
+    _refuse_option_as_script(script)
     if module and no_python:
         fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
     kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT

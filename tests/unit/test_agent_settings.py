@@ -38,7 +38,8 @@ def test_c10d_settings_rank_the_first_node_zero() -> None:
 def test_static_and_elastic_and_etcd() -> None:
     s = settings(rdzv=Rendezvous.STATIC)
     assert s["rdzv_backend"] == "static" and s["rdzv_configs"] == {"rank": 1}
-    assert settings(nnodes=NodeRange(1, 4))["max_nodes"] == 4
+    elastic = settings(nnodes=NodeRange(1, 4))  # the step has 2 nodes: no wait for 4
+    assert (elastic["min_nodes"], elastic["max_nodes"]) == (1, 2)
     with pytest.raises(ContextError, match="step has 2 nodes but --nnodes is 3:4"):
         settings(nnodes=NodeRange(3, 4))
     with pytest.raises(ContextError, match="static rendezvous needs a fixed node count"):

@@ -182,3 +182,10 @@ def test_unwritable_log_dir_is_an_error_without_traceback(project: Path) -> None
     assert result.exit_code == 1
     assert "cannot write into the log folder" in result.stderr and "file/logs" in result.stderr
     assert fake.calls == []
+
+
+def test_agent_mistyped_option_is_not_taken_for_the_script(project: Path) -> None:
+    obj = CliContext(slurm=Slurm(FakeRunner({})), cwd=project, env={})
+    result = CliRunner().invoke(main, ["agent", "--nproc-per-nod", "2", "train.py"], obj=obj)
+    assert result.exit_code == 2
+    assert "No such option '--nproc-per-nod'" in result.stderr
