@@ -25,6 +25,7 @@ from hpclaunch.spec import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_SIGNAL_LEAD_S,
+    EntryKind,
     Rendezvous,
 )
 
@@ -51,6 +52,13 @@ def _refuse_option_as_script(script: str) -> None:
         ctx = click.get_current_context()
         known = [opt for param in ctx.command.params for opt in param.opts]
         raise click.NoSuchOption(script.split("=")[0], possibilities=known, ctx=ctx)
+
+
+def _entry_kind(module: bool, no_python: bool) -> EntryKind:
+    """What SCRIPT is, from -m/--module and --no-python (exits 2 when both are given)."""
+    if module and no_python:
+        fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
+    return EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
 
 
 class _BadValue(click.BadParameter):
@@ -232,12 +240,9 @@ def sbatch(
     """
     from hpclaunch.config import Entry, build_spec, load_profile
     from hpclaunch.render import render
-    from hpclaunch.spec import EntryKind
 
     _refuse_option_as_script(script)
-    if module and no_python:
-        fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
-    kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
+    kind = _entry_kind(module, no_python)
     if flags["rdzv"] is not None:
         flags["rdzv"] = Rendezvous(flags["rdzv"])
     if flags["template"] is not None:
@@ -372,12 +377,9 @@ def agent(
     """
     from hpclaunch import agent as node_agent
     from hpclaunch.context import RankOrder
-    from hpclaunch.spec import EntryKind
 
     _refuse_option_as_script(script)
-    if module and no_python:
-        fail(SpecError("module", "-m/--module and --no-python exclude each other; give one"))
-    kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
+    kind = _entry_kind(module, no_python)
     opts = node_agent.AgentOptions(
         entrypoint=script, args=args, entry_kind=kind, nnodes=nnodes,
         nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,

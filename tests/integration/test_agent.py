@@ -25,14 +25,13 @@ def job_env(sandbox: Running) -> dict[str, str]:
     return env
 
 
+def scontrol_job(env: dict[str, str], job_id: int) -> str:
+    argv = ["scontrol", "show", "job", str(job_id)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+
 def job_state(env: dict[str, str], job_id: int) -> str:
-    out = subprocess.run(
-        ["scontrol", "show", "job", str(job_id)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = scontrol_job(env, job_id)
     return next(w.split("=", 1)[1] for w in out.split() if w.startswith("JobState="))
 
 
@@ -78,13 +77,7 @@ def test_sbatch_job_runs_every_rank(sandbox: Running, tmp_path: Path, nodes: int
     assert {r["job_id"] for r in got} == {str(job_id)} and {r["requeue_count"] for r in got} == {
         "0"
     }
-    show = subprocess.run(
-        ["scontrol", "show", "job", str(job_id)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    show = scontrol_job(env, job_id)
     nodelist = next(w.split("=", 1)[1] for w in show.split() if w.startswith("NodeList="))
     first = subprocess.run(
         ["scontrol", "show", "hostnames", nodelist],
