@@ -40,13 +40,24 @@ def log_of(lay: Layout, name: str) -> Path:
     return lay.state_dir / "log" / f"{label}.out"
 
 
+def node_marker(lay: Layout, name: str) -> str:
+    """An environment entry every process of node ``name`` inherits from its slurmd
+    (slurmstepd keeps slurmd's environment): how a node's processes are found when
+    its reaper is gone."""
+    return f"HPCLAUNCH_SANDBOX_NODE={lay.state_dir}:{name}"
+
+
 def spawn(
     argv: list[str], lay: Layout, name: str, keep: dict[int, subprocess.Popen[bytes]]
 ) -> Tracked:
     """Start a daemon in a session of its own (terminal signals do not reach it)."""
+    env = daemon_env(lay)
+    if name not in ("munged", "slurmctld"):
+        key, _, value = node_marker(lay, name).partition("=")
+        env[key] = value
     with log_of(lay, name).open("wb") as out:
         proc = subprocess.Popen(
-            argv, env=daemon_env(lay), stdin=subprocess.DEVNULL, stdout=out,
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     keep[proc.pid] = proc  # so its exit can be reaped, not left a zombie
@@ -150,8 +161,14 @@ def kill_node(lay: Layout, name: str, tracked: Tracked | None) -> None:
     what a dying process leaves behind, so each pass finds the orphans of the last."""
     node = lay.node(name)
     reaper = tracked if tracked is not None and tracked.alive() else None
+    marker = node_marker(lay, name).encode()
     for _ in range(50):
-        victims = procs.descendants(reaper.pid) if reaper else []
+        table = procs.parents()
+        victims = procs.descendants(reaper.pid, table) if reaper else []
+        for pid in procs.with_environ(marker, table):  # found even if the reaper is gone
+            if not reaper or pid != reaper.pid:
+                victims += [pid, *procs.descendants(pid, table)]
+        victims = sorted(set(victims))
         if lay.mode is Mode.NETNS:
             victims += [
                 p for p in procs.in_netns(net.netns_path(node)) if not reaper or p != reaper.pid

@@ -71,6 +71,18 @@ def descendants(pid: int, table: dict[int, int] | None = None) -> list[int]:
     return out
 
 
+def with_environ(entry: bytes, table: dict[int, int] | None = None) -> list[int]:
+    """Live processes whose environment holds ``entry`` (``KEY=VALUE``) exactly."""
+    out = []
+    for pid in parents() if table is None else table:
+        try:
+            if entry in (PROC / str(pid) / "environ").read_bytes().split(b"\0"):
+                out.append(pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
 def in_netns(netns_path: Path) -> list[int]:
     """Live processes whose network namespace is the one at ``netns_path``."""
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +273,20 @@ def test_cli_commands(tmp_path: Path, hpclaunch_bin: Path) -> None:
     assert down.returncode == 0, down.stderr
     gone = cli("status")
     assert gone.returncode == 1 and gone.stdout == f"no sandbox in {state}\n"
+
+
+def test_kill_node_finds_a_slurmd_whose_reaper_is_gone(tmp_path: Path) -> None:
+    require_sandbox()
+    box = Sandbox(tmp_path / "box")
+    box.up(SandboxSpec(nodes=1, mode=Mode.LOOPBACK))
+    try:
+        reaper = Tracked(*json.loads(box.state_file.read_text())["procs"]["n1"])
+        (slurmd_pid,) = procs.descendants(reaper.pid)
+        slurmd = Tracked.of(slurmd_pid)
+        os.kill(reaper.pid, signal.SIGKILL)  # the node's slurmd is now an orphan of PID 1
+        wait_for(lambda: not reaper.alive(), what="the reaper to die")
+        assert slurmd.alive()
+        box.kill_node("n1")
+        assert not slurmd.alive()
+    finally:
+        assert box.down() == []
