@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpclaunch import joblogs
 from hpclaunch.context import ContextError, NodeContext, RankOrder, parse_topology
 from hpclaunch.errors import SlurmError
 from hpclaunch.slurm import Slurm
-from hpclaunch.spec import EntryKind, Rendezvous
+from hpclaunch.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, Rendezvous
 from hpclaunch.values import NodeRange
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 # SLURM's time-limit warning and the preemption signals reach the agent; torch's agent
 # handles only the first four by default and dies of the others, orphaning its workers.
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+# What the agent puts before each line it copies from a worker's output (--tee).
+LINE_PREFIX = "[rank${rank}] "
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class AgentOptions:
     master_port: int | None = None
     rank_order: RankOrder = RankOrder.SLURM
     monitor_interval_s: float = 0.1
+    job_dir: Path | None = None  # None: HPCLAUNCH_JOB_DIR, else LOG_DIR/JOBID
+    tee: bool = True
+    grace_period_s: int = DEFAULT_GRACE_PERIOD_S
 
 
 def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
@@ -113,6 +119,8 @@ def launch_settings(
         "start_method": "spawn",
         "local_addr": local_addr,
         "signals_to_handle": HANDLED_SIGNALS,
+        "shutdown_timeout": opts.grace_period_s,
+        "log_line_prefix_template": LINE_PREFIX if opts.tee else None,
     }
 
 
@@ -146,6 +154,11 @@ def reachable_addr(host: str, slurm: Slurm) -> str:
         ) from None
 
 
+def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:
+    """The job folder the per-rank logs go under (see hpclaunch.joblogs)."""
+    return opts.job_dir if opts.job_dir is not None else joblogs.job_dir(env, ctx.job_id)
+
+
 def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
     """This node's context, in the asked rank order."""
     ctx = NodeContext.from_env(
@@ -156,30 +169,59 @@ def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeCon
     return ctx
 
 
-def launch(ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any]) -> int:
+def launch(
+    ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any], env: Mapping[str, str]
+) -> int:
     """Run the workers through torch's elastic agent; return the exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from hpclaunch.rendezvous import ranked_c10d
+    from hpclaunch.rendezvous.rank_logs import RankLogs
 
     ranked_c10d.register()
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
     os.environ.update(worker_env(ctx, opts.rdzv))
     command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
+    logs = RankLogs(job_folder(ctx, opts, env), ctx.restart_count, ctx.step_id, tee=opts.tee)
     log.info(
-        "job %d node %d/%d: %d workers, rendezvous %s at %s",
-        ctx.job_id, ctx.node_rank, ctx.nnodes, ctx.nproc_per_node,
-        settings["rdzv_backend"], settings["rdzv_endpoint"],
+        "%d workers on %s, %d nodes; rendezvous %s at %s; rank logs in %s",
+        ctx.nproc_per_node, ctx.hostname, ctx.nnodes, settings["rdzv_backend"],
+        settings["rdzv_endpoint"], logs.root_log_dir,
     )  # fmt: skip
     try:
-        elastic_launch(LaunchConfig(**settings), command)(*args)
+        elastic_launch(LaunchConfig(**settings, logs_specs=logs), command)(*args)
     except ChildFailedError as exc:
-        print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
+        print(_root_cause(exc, ctx, opts, logs.folder), file=sys.stderr, flush=True)
+        return 1
+    except RendezvousClosedError:
+        log.error(
+            "another node closed the rendezvous (its workers kept failing); "
+            "its root-cause block says why"
+        )
         return 1
     except SignalException as exc:
-        log.info("job %d node %d: stopped by %s", ctx.job_id, ctx.node_rank, exc.sigval.name)
+        log.info("stopped by %s", exc.sigval.name)
         return 128 + int(exc.sigval)
     return 0
+
+
+def _root_cause(exc: Any, ctx: NodeContext, opts: AgentOptions, folder: Path | None) -> str:
+    """hpclaunch's root-cause block from torch's ChildFailedError; ``folder`` holds
+    the failed attempt's rank logs."""
+    failures = [
+        joblogs.Failure(
+            rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, pid=f.pid,
+            timestamp=f.timestamp,
+            error_file=str(joblogs.rank_file(folder, rank, "json")) if folder else "",
+            stderr_file=str(joblogs.rank_file(folder, rank, "err")) if folder else "",
+        )
+        for rank, f in exc.failures.items()
+    ]  # fmt: skip
+    return joblogs.root_cause_block(
+        failures, job_id=ctx.job_id, host=ctx.hostname, node_rank=ctx.node_rank,
+        command=worker_command(opts),
+    )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from hpclaunch import __version__
 from hpclaunch.errors import ExitCode, HpclaunchError, SpecError
 from hpclaunch.slurm import Slurm
 from hpclaunch.spec import (
+    DEFAULT_GRACE_PERIOD_S,
     DEFAULT_LOG_DIR,
     DEFAULT_MAX_REQUEUES,
     DEFAULT_MAX_RESTARTS,
@@ -349,6 +351,25 @@ def supervise(max_requeues: int, job_dir: str | None, step: tuple[str, ...]) -> 
     show_default=True,
     help="topology: nodes under one leaf switch get consecutive ranks.",
 )
+@click.option(
+    "--job-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Job folder; per-rank logs go to its logs/. "
+    "[default: $HPCLAUNCH_JOB_DIR, else hpclaunch-logs/JOBID]",
+)
+@click.option(
+    "--tee/--no-tee",
+    default=True,
+    show_default=True,
+    help="Also copy every rank's output to the agent's, each line prefixed [rankN].",
+)
+@click.option(
+    "--grace-period",
+    type=click.IntRange(0),
+    default=DEFAULT_GRACE_PERIOD_S,
+    show_default=True,
+    help="Seconds the workers get to exit after a signal is passed on, before SIGKILL.",
+)
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a Python module name.")
 @click.option("--no-python", is_flag=True, help="SCRIPT is an executable.")
 @click.option("--dry-run", is_flag=True, help="Print the node context and launch settings as JSON.")
@@ -367,6 +388,9 @@ def agent(
     master_addr: str | None,
     master_port: int | None,
     rank_order: str,
+    job_dir: Path | None,
+    tee: bool,
+    grace_period: int,
     module: bool,
     no_python: bool,
     dry_run: bool,
@@ -376,6 +400,7 @@ def agent(
     Runs inside an allocation, once per node: srun --ntasks-per-node=1 hpclaunch agent ...
     """
     from hpclaunch import agent as node_agent
+    from hpclaunch import joblogs
     from hpclaunch.context import RankOrder
 
     _refuse_option_as_script(script)
@@ -384,6 +409,7 @@ def agent(
         entrypoint=script, args=args, entry_kind=kind, nnodes=nnodes,
         nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
         master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
+        job_dir=job_dir, tee=tee, grace_period_s=grace_period,
     )  # fmt: skip
     try:
         ctx = node_agent.context(obj.env, opts, obj.slurm)
@@ -393,6 +419,9 @@ def agent(
     except HpclaunchError as exc:
         fail(exc)
     if dry_run:
+        launcher, launcher_args = node_agent.guarded(
+            node_agent.worker_command(opts), os.getpid(), shutil.which("setpriv")
+        )
         payload = {
             "context": {
                 "job_id": ctx.job_id, "node_rank": ctx.node_rank, "nnodes": ctx.nnodes,
@@ -400,9 +429,14 @@ def agent(
                 "restart_count": ctx.restart_count, "nproc_per_node": ctx.nproc_per_node,
                 "nproc_source": ctx.nproc_source, "master_addr": master,
                 "master_port": ctx.master_port, "topology_addr": ctx.topology_addr,
+                "step_id": ctx.step_id,
             },
             "launch": settings,
+            "rank_logs": str(joblogs.attempt_dir(
+                node_agent.job_folder(ctx, opts, obj.env), ctx.restart_count, ctx.step_id, 0
+            )),
             "worker_command": list(node_agent.worker_command(opts)),
+            "launched_as": [launcher, *launcher_args],
             "worker_env": node_agent.worker_env(ctx, opts.rdzv),
         }  # fmt: skip
         click.echo(json.dumps(payload, indent=2))
@@ -412,7 +446,7 @@ def agent(
         format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
         force=True,
     )
-    sys.exit(node_agent.launch(ctx, opts, settings))
+    sys.exit(node_agent.launch(ctx, opts, settings, obj.env))
 
 
 def _register_subcommands() -> None:

@@ -45,6 +45,7 @@ class NodeContext:
     nproc_source: str  # where nproc_per_node came from, for --dry-run and messages
     master_port: int
     topology_addr: str | None = None
+    step_id: str = "batch"  # SLURM_STEP_ID; the batch step has none
 
     @property
     def nnodes(self) -> int:
@@ -106,6 +107,9 @@ class NodeContext:
             nproc_source=source,
             master_port=port,
             topology_addr=env.get("SLURM_TOPOLOGY_ADDR"),
+            step_id=str(_int(env, "SLURM_STEP_ID", minimum=0))
+            if "SLURM_STEP_ID" in env
+            else "batch",
         )
 
     def ordered(self, order: RankOrder, switch_of: Mapping[str, str]) -> NodeContext:

@@ -23,6 +23,8 @@ DEFAULT_LOG_DIR = "hpclaunch-logs"
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MAX_REQUEUES = 3
+# After the agent passes a signal on, how long the workers get to exit before SIGKILL.
+DEFAULT_GRACE_PERIOD_S = 30
 ONE_NODE = NodeRange(1, 1)
 # SLURM stores the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD_S = 0xFFFF

@@ -21,6 +21,8 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
+from hpclaunch.joblogs import ATTEMPT_VAR
+
 NAME = "hpclaunch-c10d"
 SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
@@ -48,7 +50,12 @@ class RankedNodeDesc(dynamic._NodeDesc):
 
 
 class RankedHandler(dynamic.DynamicRendezvousHandler):
-    """torch's handler; from the second round on, workers get a store of their own.
+    """torch's handler, telling the workers the round they start in, and from the
+    second round on giving them a store of their own.
+
+    The round is the job-wide attempt: every node that takes part in a round starts
+    its workers in it, whereas torch's restart count is per agent. It goes into the
+    agent's environment (as HPCLAUNCH_ATTEMPT), which torch copies to the workers.
 
     torch 2.13 shares the agent's store with the workers by default. That is fast,
     but after a restart the new workers sometimes read the previous attempt's
@@ -64,7 +71,9 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
         if self._rounds_joined:
             os.environ[SEPARATE_STORE] = "1"
         self._rounds_joined += 1
-        return super().next_rendezvous()
+        info = super().next_rendezvous()
+        os.environ[ATTEMPT_VAR] = str(self._state_holder.state.round)
+        return info
 
 
 def _key_of(other: Any) -> tuple[int, str, int, int]:

@@ -53,12 +53,16 @@ def finished(env: dict[str, str], job_id: int) -> str:
 
 
 def reports(tmp_path: Path, job_id: int) -> list[dict[str, object]]:
+    """The ALLREDUCE lines of the job's output, each checked against its rank prefix."""
     text = (tmp_path / "logs" / f"allreduce-{job_id}.out").read_text()
-    return [
-        json.loads(line.split(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("ALLREDUCE ")
-    ]
+    found = []
+    for line in text.splitlines():
+        prefix, _, rest = line.partition(" ")
+        if rest.startswith("ALLREDUCE "):
+            report = json.loads(rest.split(" ", 1)[1])
+            assert prefix == f"[rank{report['rank']}]", line
+            found.append(report)
+    return found
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
@@ -98,8 +102,73 @@ def test_failing_script_fails_the_job_with_its_root_cause(sandbox: Running, tmp_
     )  # fmt: skip
     assert finished(env, job_id) == "FAILED"
     log = (tmp_path / "logs" / f"allreduce-{job_id}.out").read_text()
-    assert "Root Cause (first observed failure)" in log
-    assert "rank 3 fails on purpose" in log
+    block = log[log.index(f"hpclaunch: job {job_id} failed on node 1") :]
+    block = block[: block.index("=" * 72)]
+    rank_logs = tmp_path / "logs" / str(job_id) / "logs" / "requeue-0" / "step-0" / "attempt-0"
+    assert "python -u allreduce.py --fail-rank 3" in block
+    assert "root cause: rank 3 (local rank 1, pid " in block and "exit code 1," in block
+    assert f"traceback (from {rank_logs}/rank-3.err):" in block
+    assert "RuntimeError: rank 3 fails on purpose (--fail-rank)" in block
+    assert "rank 3 fails on purpose" in (rank_logs / "rank-3.err").read_text()
+
+
+# Rank 1 (on the first node) crashes on the job's first attempt, saying so on stderr.
+CRASH_ONCE = """
+import json, os, socket, sys
+import torch, torch.distributed as dist
+env = os.environ
+if env["RANK"] == "1" and env["HPCLAUNCH_ATTEMPT"] == "0":
+    sys.stderr.write("rank 1 crashes on purpose\\n")
+    sys.exit(3)
+dist.init_process_group("gloo")
+value = torch.ones(1)
+dist.all_reduce(value)
+keys = ("RANK", "HPCLAUNCH_ATTEMPT", "TORCHELASTIC_RESTART_COUNT", "HPCLAUNCH_NODE_RANK")
+report = {k: env[k] for k in keys} | {"node": socket.gethostname(), "sum": value.item()}
+sys.stdout.write("ATTEMPT " + json.dumps(report) + "\\n")
+dist.destroy_process_group()
+"""
+
+
+def test_one_attempt_counter_on_every_node_and_logs_per_rank(
+    sandbox: Running, tmp_path: Path
+) -> None:
+    (tmp_path / "crash_once.py").write_text(CRASH_ONCE)
+    job_id, env = submit(
+        sandbox, tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1",
+        "crash_once.py",
+    )  # fmt: skip
+    state = finished(env, job_id)
+    log = (tmp_path / "logs" / f"crash_once-{job_id}.out").read_text()
+    assert state == "COMPLETED", log
+    got = sorted(
+        (
+            json.loads(line.split("ATTEMPT ", 1)[1])
+            for line in log.splitlines()
+            if "ATTEMPT " in line
+        ),
+        key=lambda r: int(r["RANK"]),
+    )
+    assert [r["RANK"] for r in got] == ["0", "1", "2", "3"]
+    assert {r["sum"] for r in got} == {4.0}
+    # The second attempt on both nodes, although only node 0's agent restarted its workers.
+    assert {r["HPCLAUNCH_ATTEMPT"] for r in got} == {"1"}
+    restarts = {r["HPCLAUNCH_NODE_RANK"]: r["TORCHELASTIC_RESTART_COUNT"] for r in got}
+    assert restarts == {"0": "1", "1": "0"}
+    # Each attempt's output per rank; the job's output has every line, prefixed with the rank.
+    runs = tmp_path / "logs" / str(job_id) / "logs" / "requeue-0" / "step-0"
+    assert sorted(p.name for p in runs.iterdir()) == ["attempt-0", "attempt-1"]
+    for attempt in ("attempt-0", "attempt-1"):
+        names = sorted(p.name for p in (runs / attempt).iterdir() if p.suffix != ".json")
+        assert names == [f"rank-{r}.{k}" for r in range(4) for k in ("err", "out")]
+    assert (
+        "rank 1 crashes on purpose" in (runs / "attempt-0" / "rank-1.err").read_text().splitlines()
+    )
+    assert "[rank1] rank 1 crashes on purpose" in log.splitlines()
+    for rank in range(4):
+        out = (runs / "attempt-1" / f"rank-{rank}.out").read_text()
+        assert json.loads(out.split("ATTEMPT ", 1)[1])["RANK"] == str(rank)
+        assert f"[rank{rank}] {out.strip()}" in log.splitlines()
 
 
 def test_topology_rank_order(sandbox: Running, tmp_path: Path) -> None:

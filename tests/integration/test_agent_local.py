@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,20 @@ pytestmark = pytest.mark.integration
 SLEEPER = """
 import os, sys, time, pathlib
 pathlib.Path(sys.argv[1], f"worker-{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+# Each worker reports the signals it gets; with IGNORE_TERM it ignores SIGTERM.
+SIGNALLED = """
+import os, signal, sys, time, pathlib
+out = pathlib.Path(sys.argv[1])
+rank = os.environ["RANK"]
+def note(signum, frame):
+    (out / f"signal-{rank}").write_text(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, note)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("IGNORE_TERM") else note)
+(out / f"worker-{rank}.pid").write_text(str(os.getpid()))
 time.sleep(600)
 """
 
@@ -39,39 +55,104 @@ dist.destroy_process_group()
 """
 
 
-def agent_env(job_id: int) -> dict[str, str]:
-    return base_env(
+# PATH with setpriv (util-linux), and PATH without it: workers then go through worker_guard.py.
+GUARDS = {"setpriv": None, "worker_guard": str(VENV_BIN)}
+
+
+def agent_env(job_id: int, path: str | None = None, **extra: str) -> dict[str, str]:
+    env = base_env(
         SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1",
-        SLURM_NODEID="0",
+        SLURM_NODEID="0", SLURM_STEP_ID="0", **extra,
     )  # fmt: skip
+    if path is not None:
+        env["PATH"] = path
+    return env
 
 
-def agent(script: Path, out: Path, job_id: int, *extra: str) -> subprocess.Popen[bytes]:
+def agent(
+    script: Path, out: Path, job_id: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "2", *extra, str(script),
-         str(out)],
-        env=agent_env(job_id), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "2", "--job-dir",
+         str(out / "job"), *extra, str(script), str(out)],
+        env=env or agent_env(job_id), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
 
 
-def test_sigkill_of_the_agent_leaves_no_worker(tmp_path: Path) -> None:
+def started_workers(out: Path) -> list[procs.Tracked]:
+    pid_files = [out / f"worker-{rank}.pid" for rank in (0, 1)]
+    wait_for(
+        lambda: all(p.exists() and p.read_text() for p in pid_files), timeout_s=60, what="workers"
+    )
+    workers = [procs.Tracked.of(int(p.read_text())) for p in pid_files]
+    assert all(w.alive() for w in workers)
+    return workers
+
+
+@pytest.mark.parametrize("guard", sorted(GUARDS))
+def test_sigkill_of_the_agent_leaves_no_worker(tmp_path: Path, guard: str) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
-    with agent(script, tmp_path, random.randrange(1, 10**6)) as proc:
+    job_id = random.randrange(1, 10**6)
+    env = agent_env(job_id, GUARDS[guard])
+    dry = subprocess.run(
+        [str(VENV_BIN / "hpclaunch"), "agent", "--dry-run", str(script)],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    launched_as = json.loads(dry.stdout)["launched_as"]
+    assert (guard == "setpriv") == launched_as[0].endswith("/setpriv")
+    assert (guard == "worker_guard") == launched_as[1].endswith("/worker_guard.py")
+    with agent(script, tmp_path, job_id, env=env) as proc:
         try:
-            pid_files = [tmp_path / f"worker-{rank}.pid" for rank in (0, 1)]
-            wait_for(
-                lambda: all(p.exists() and p.read_text() for p in pid_files),
-                timeout_s=60,
-                what="workers",
-            )
-            workers = [procs.Tracked.of(int(p.read_text())) for p in pid_files]
-            assert all(w.alive() for w in workers)
+            workers = started_workers(tmp_path)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         finally:
             proc.kill()
     wait_for(lambda: not any(w.alive() for w in workers), timeout_s=10, what="the workers to die")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_reaches_every_worker_and_ends_the_agent(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    script = tmp_path / "signalled.py"
+    script.write_text(SIGNALLED)
+    with agent(script, tmp_path, random.randrange(1, 10**6)) as proc:
+        try:
+            workers = started_workers(tmp_path)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + sig, err.decode()[-2000:]
+    assert {p.name: p.read_text() for p in tmp_path.glob("signal-*")} == {
+        "signal-0": str(int(sig)),
+        "signal-1": str(int(sig)),
+    }
+    assert not any(w.alive() for w in workers)
+
+
+def test_workers_that_ignore_the_signal_are_killed_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "signalled.py"
+    script.write_text(SIGNALLED)
+    env = agent_env(random.randrange(1, 10**6), IGNORE_TERM="1")
+    with agent(script, tmp_path, 0, "--grace-period", "2", env=env) as proc:
+        try:
+            workers = started_workers(tmp_path)
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+            took = time.monotonic() - signalled
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert not any(w.alive() for w in workers)
+    assert not list(tmp_path.glob("signal-*"))  # they ignored it: killed, not stopped
+    # They were given the grace period, and not torch's default 30 s.
+    assert 2 <= took < 25, took
 
 
 @pytest.mark.slow
@@ -84,5 +165,5 @@ def test_one_worker_crash_costs_exactly_one_restart_every_time(tmp_path: Path) -
         with agent(script, out, random.randrange(1, 10**6), "--max-restarts", "1") as proc:
             _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"run {run}: {err.decode()[-2000:]}"
-        results = {p.name: p.read_text() for p in out.iterdir()}
+        results = {p.name: p.read_text() for p in out.glob("rank-*")}
         assert results == {"rank-0": "1 2", "rank-1": "1 2"}, f"run {run}: {results}"

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
-from hpclaunch.agent import AgentOptions, guarded, launch_settings, worker_command, worker_env
+from hpclaunch.agent import (
+    AgentOptions,
+    guarded,
+    job_folder,
+    launch_settings,
+    worker_command,
+    worker_env,
+)
 from hpclaunch.context import ContextError, NodeContext
 from hpclaunch.spec import EntryKind, Rendezvous
 from hpclaunch.values import NodeRange
@@ -33,6 +41,24 @@ def test_c10d_settings_rank_the_first_node_zero() -> None:
     assert s["run_id"] == "hpclaunch-77-2"
     assert s["local_addr"] == "n2"
     assert "SIGUSR1" in str(s["signals_to_handle"]) and "SIGUSR2" in str(s["signals_to_handle"])
+    assert s["shutdown_timeout"] == 30 and s["log_line_prefix_template"] == "[rank${rank}] "
+
+
+def test_grace_period_and_no_tee() -> None:
+    s = settings(grace_period_s=5, tee=False)
+    assert s["shutdown_timeout"] == 5 and s["log_line_prefix_template"] is None
+
+
+def test_job_folder() -> None:
+    ctx = NodeContext.from_env({**ENV, "SLURM_STEP_ID": "3"})
+    assert ctx.step_id == "3" and NodeContext.from_env(ENV).step_id == "batch"
+    opts = AgentOptions("t.py")
+    assert job_folder(ctx, opts, {}) == Path("hpclaunch-logs/77")
+    assert job_folder(ctx, opts, {"HPCLAUNCH_JOB_DIR": "/shared/j"}) == Path("/shared/j")
+    given = AgentOptions("t.py", job_dir=Path("/x"))
+    assert job_folder(ctx, given, {"HPCLAUNCH_JOB_DIR": "/shared/j"}) == Path("/x")
+    with pytest.raises(ContextError, match="SLURM_STEP_ID='a' is not a whole number"):
+        NodeContext.from_env({**ENV, "SLURM_STEP_ID": "a"})
 
 
 def test_static_and_elastic_and_etcd() -> None:

@@ -1,0 +1,160 @@
+"""Where a job's per-rank logs live, and the root-cause block of a failed node. Pure:
+no torch, no SLURM calls, so the login-node commands can read what the agents wrote.
+
+Layout, under the job folder (``HPCLAUNCH_JOB_DIR``, ``LOG_DIR/JOBID`` by default)::
+
+    logs/requeue-Q/step-S/attempt-A/rank-R.out    the rank's stdout
+    logs/requeue-Q/step-S/attempt-A/rank-R.err    its stderr
+    logs/requeue-Q/step-S/attempt-A/rank-R.json   torch's error file (scripts using @record)
+
+Q is SLURM's requeue count, S the job step, A the worker group's attempt (the
+rendezvous round, the same on every node), R the global rank. No run overwrites
+another's files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hpclaunch.spec import DEFAULT_LOG_DIR
+
+JOB_DIR_VAR = "HPCLAUNCH_JOB_DIR"
+ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
+TRACEBACK_START = "Traceback (most recent call last):"
+MAX_TRACEBACK_LINES = 60
+TAIL_LINES = 20
+# torch.distributed prefixes a worker's uncaught traceback with its rank.
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+
+
+def job_dir(env: Mapping[str, str], job_id: int) -> Path:
+    """The job folder: ``HPCLAUNCH_JOB_DIR`` (set by the rendered script), else the
+    folder ``hpclaunch sbatch`` uses by default, relative to the working directory."""
+    given = env.get(JOB_DIR_VAR, "").strip()
+    return Path(given) if given else Path(DEFAULT_LOG_DIR, str(job_id))
+
+
+def attempt_dir(job: Path, requeue: int, step: str, attempt: int) -> Path:
+    return job / "logs" / f"requeue-{requeue}" / f"step-{step}" / f"attempt-{attempt}"
+
+
+def rank_file(folder: Path, rank: int, kind: str) -> Path:
+    """``kind``: ``out``, ``err`` or ``json`` (the error file)."""
+    return folder / f"rank-{rank}.{kind}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One worker that ended badly, as torch's agent reported it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int  # negative: killed by that signal
+    pid: int
+    timestamp: float  # seconds since the epoch
+    error_file: str = ""  # torch's error file, written by @record
+    stderr_file: str = ""  # the rank's stderr log, when there is one
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name} (exit code {exitcode})"
+    return f"exit code {exitcode}"
+
+
+def traceback_of(failure: Failure) -> tuple[str, str]:
+    """(traceback text, where it came from), or ("", "") when there is none.
+
+    torch's error file holds the exception of a script that uses @record; else the
+    last Python traceback in the rank's stderr log; else that log's last lines."""
+    recorded = _recorded_traceback(failure.error_file)
+    if recorded:
+        return recorded, failure.error_file
+    if not failure.stderr_file:
+        return "", ""
+    try:
+        lines = Path(failure.stderr_file).read_text(errors="replace").splitlines()
+    except OSError:
+        return "", ""
+    starts = [i for i, line in enumerate(lines) if _TORCH_PREFIX.sub("", line) == TRACEBACK_START]
+    chosen = lines[starts[-1] :] if starts else lines[-TAIL_LINES:]
+    if not chosen:
+        return "", ""
+    if len(chosen) > MAX_TRACEBACK_LINES:
+        chosen = ["...", *chosen[-MAX_TRACEBACK_LINES:]]
+    return "\n".join(chosen), failure.stderr_file
+
+
+def _recorded_traceback(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return ""
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        if isinstance(stack, str) and stack.strip():
+            return stack.rstrip()
+        text = message.get("message")
+        return text.rstrip() if isinstance(text, str) else ""
+    return message.rstrip() if isinstance(message, str) else ""
+
+
+def root_cause_block(
+    failures: Sequence[Failure], *, job_id: int, host: str, node_rank: int, command: Sequence[str]
+) -> str:
+    """The block a failed node prints: the first failing rank with its traceback,
+    then one line for each other worker that ended with it."""
+    if not failures:
+        raise ValueError("root_cause_block needs at least one failure")
+    ordered = sorted(failures, key=_blame_order)
+    first = ordered[0]
+    rule = "=" * 72
+    lines = [
+        rule,
+        f"hpclaunch: job {job_id} failed on node {node_rank} ({host})",
+        f"  command   : {' '.join(command)}",
+        f"  root cause: rank {first.rank} (local rank {first.local_rank}, pid {first.pid}), "
+        f"{describe_exit(first.exitcode)}, at {_when(first.timestamp)}",
+    ]
+    if first.stderr_file:
+        lines.append(f"  stderr    : {first.stderr_file}")
+    text, source = traceback_of(first)
+    if text:
+        lines.append(f"  traceback (from {source}):")
+        lines.extend("    " + line for line in text.splitlines())
+    else:
+        lines.append(
+            "  traceback : none recorded (decorate the entry function with torch's @record, "
+            "or see the rank's stderr)"
+        )
+    for other in ordered[1:]:
+        lines.append(
+            f"  then      : rank {other.rank} (local rank {other.local_rank}), "
+            f"{describe_exit(other.exitcode)}"
+        )
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _blame_order(failure: Failure) -> tuple[bool, float, int]:
+    """Workers that died of the SIGTERM the agent sends the others after the first
+    failure come last; then the earliest (torch's times are whole seconds), then rank."""
+    return (failure.exitcode == -signal.SIGTERM, failure.timestamp, failure.rank)
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
