@@ -39,7 +39,7 @@ dist.destroy_process_group()
 def one_run(command: list[str], env: dict[str, str], out: Path, world: int) -> float:
     out.mkdir()
     start = time.time()
-    subprocess.run([*command, str(out)], env=env, check=True, capture_output=True)
+    subprocess.run([*command, str(out)], env=env, cwd=out, check=True, capture_output=True)
     stamps = [float(p.read_text()) for p in out.glob("rank-*")]
     if len(stamps) != world:
         raise RuntimeError(f"{len(stamps)} of {world} ranks reported in {out}")

@@ -1,8 +1,9 @@
-"""Every rank reports its rank, world size and node, and checks a gloo all_reduce.
+"""Every rank reports its rank, world size and node, and checks an all_reduce.
 
 Run it through hpclaunch (or torchrun); it reads torchrun's environment. Exits
-non-zero when the sum is wrong. ``--fail-rank R`` makes rank R raise, to see a
-failing job's root-cause report.
+non-zero when the sum is wrong. ``--backend nccl`` reduces on the GPU of the
+rank's LOCAL_RANK (gloo, on the CPU, by default). ``--fail-rank R`` makes rank R
+raise, to see a failing job's root-cause report.
 """
 
 import argparse
@@ -18,12 +19,17 @@ import torch.distributed as dist
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fail-rank", type=int, default=None, help="this rank raises")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == args.fail_rank:
         raise RuntimeError(f"rank {rank} fails on purpose (--fail-rank)")
-    value = torch.tensor([float(rank)])
+    value = torch.tensor([float(rank)], device=device)
     dist.all_reduce(value)
     expected = world * (world - 1) / 2
     report = {
@@ -33,6 +39,8 @@ def main() -> None:
         "group_rank": int(os.environ["GROUP_RANK"]),
         "node": socket.gethostname(),
         "sum": value.item(),
+        "backend": dist.get_backend(),
+        "device": str(value.device),
         "expected": expected,
         "job_id": os.environ.get("HPCLAUNCH_JOB_ID"),
         "requeue_count": os.environ.get("HPCLAUNCH_REQUEUE_COUNT"),

@@ -19,10 +19,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="report skipped tests as failures (CI installs every tier's needs)",
     )
     parser.addoption(
+        "--gpu",
+        action="store_true",
+        help="also run the tests marked gpu (they need CUDA; without --gpu they are deselected)",
+    )
+    parser.addoption(
         "--update-golden",
         action="store_true",
         help="rewrite golden files (examples/sbatch/*/job.sbatch) from the current renderer",
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (not skip) the gpu tests unless --gpu: CPU-only CI never sees them."""
+    if config.getoption("--gpu"):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
 
 
 @pytest.fixture

@@ -19,12 +19,19 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
 from hpclaunch.joblogs import ATTEMPT_VAR
 
 NAME = "hpclaunch-c10d"
 SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# torch polls the rendezvous state once a second while it waits for the other nodes,
+# and delays each node's first join by up to 0.3 s, to spare the store at scale.
+# hpclaunch scales both with the job: full length from NODES_AT_FULL_DELAY nodes on,
+# MIN_DELAY_FACTOR of it for the smallest jobs (50 ms polls for 1 to 5 nodes).
+NODES_AT_FULL_DELAY = 100
+MIN_DELAY_FACTOR = 0.05
 
 
 @dataclass(frozen=True, eq=True)
@@ -89,9 +96,37 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         raise ValueError("the hpclaunch-c10d rendezvous needs the node_rank config")
     backend, store = create_backend(params)
     stock = dynamic.create_handler(store, backend, params)
+    scale_delays(params.max_nodes)
     node = stock._this_node
     ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
     return RankedHandler(ranked, stock._settings, NAME, store, stock._state_holder)
+
+
+def delay_factor(max_nodes: int) -> float:
+    """How much of torch's rendezvous delays a job of ``max_nodes`` nodes waits."""
+    return min(1.0, max(MIN_DELAY_FACTOR, max_nodes / NODES_AT_FULL_DELAY))
+
+
+def scale_delays(max_nodes: int) -> None:
+    """Scale dynamic_rendezvous's delays (see NODES_AT_FULL_DELAY) in this process.
+
+    The agent process runs one rendezvous handler, this one. Written against torch
+    2.13, where the module calls its ``_delay`` helper for both; if that changes,
+    torch's own delays stay."""
+    factor = delay_factor(max_nodes)
+    original = rdzv_utils._delay
+    current = getattr(dynamic, "_delay", None)
+    if current is not original and not hasattr(current, "hpclaunch_factor"):
+        return
+
+    def scaled(seconds: float | tuple[float, float]) -> None:
+        if isinstance(seconds, tuple):
+            original((seconds[0] * factor, seconds[1] * factor))
+        else:
+            original(seconds * factor)
+
+    scaled.hpclaunch_factor = factor  # type: ignore[attr-defined]
+    setattr(dynamic, "_delay", scaled)  # noqa: B010 (not re-exported by torch)
 
 
 def register() -> None:
