@@ -188,9 +188,9 @@ def launch(
     command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
     logs = RankLogs(job_folder(ctx, opts, env), ctx.restart_count, ctx.step_id, tee=opts.tee)
     log.info(
-        "%d workers on %s, %d nodes; rendezvous %s at %s; rank logs in %s",
-        ctx.nproc_per_node, ctx.hostname, ctx.nnodes, settings["rdzv_backend"],
-        settings["rdzv_endpoint"], logs.root_log_dir,
+        "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
+        ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
+        settings["rdzv_backend"], settings["rdzv_endpoint"], logs.root_log_dir,
     )  # fmt: skip
     try:
         elastic_launch(LaunchConfig(**settings, logs_specs=logs), command)(*args)
