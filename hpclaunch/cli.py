@@ -290,24 +290,47 @@ def sbatch(
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Requeue budget of the job.",
+    help="Requeue budget of the job: requeues after it give up (exit status 4).",
 )
-@click.option("--job-dir", type=click.Path(file_okay=False), help="The job's folder for run state.")
+@click.option(
+    "--job-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The job's folder: history.json goes there.",
+)
+@click.option(
+    "--grace-period",
+    type=click.FloatRange(min=0),
+    default=90.0,
+    show_default=True,
+    help="Seconds the step gets to end after a signal before srun is killed.",
+)
 @click.argument("step", nargs=-1, required=True, type=click.UNPROCESSED)
-def supervise(max_requeues: int, job_dir: str | None, step: tuple[str, ...]) -> None:
+@click.pass_obj
+def supervise(
+    obj: CliContext, /, max_requeues: int, job_dir: Path | None, grace_period: float,
+    step: tuple[str, ...],
+) -> None:  # fmt: skip
     """Run STEP (the srun line) as the batch step, passing SLURM's signals on.
 
-    Used by the rendered sbatch script; exits with STEP's status.
+    Used by the rendered sbatch script. After SLURM's time-limit warning (USR1 or
+    USR2) it requeues the job once the step has ended; it exits with STEP's status.
     """
-    from hpclaunch.supervise import run_step
+    from hpclaunch.supervise import supervise as run_supervised
 
-    # Requeueing is not built yet: the budget and folder are accepted so that
-    # scripts rendered now keep working once it is.
-    del max_requeues, job_dir
-    job = os.environ.get("SLURM_JOB_ID", "-")
+    job = obj.env.get("SLURM_JOB_ID")
+    if not job or not job.isdigit():
+        click.echo(
+            f"Error: SLURM_JOB_ID={job!r}: hpclaunch supervise runs as a job's batch step "
+            "(the rendered script calls it)",
+            err=True,
+        )
+        sys.exit(int(ExitCode.USAGE))
     logging.basicConfig(level=logging.INFO, format=f"hpclaunch[job {job}]: %(message)s", force=True)
     try:
-        status = run_step(step)
+        status = run_supervised(
+            step, env=obj.env, slurm=obj.slurm, job_dir=job_dir, max_requeues=max_requeues,
+            grace_s=grace_period,
+        )  # fmt: skip
     except FileNotFoundError:
         click.echo(
             f"Error: {step[0]!r} is not on PATH in the batch step; this must run inside a "
@@ -315,6 +338,8 @@ def supervise(max_requeues: int, job_dir: str | None, step: tuple[str, ...]) -> 
             err=True,
         )
         sys.exit(int(ExitCode.SLURM))
+    except HpclaunchError as exc:
+        fail(exc)
     sys.exit(status)
 
 

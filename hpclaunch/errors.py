@@ -18,6 +18,8 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     SLURM = 3
     """A SLURM command failed or is not available here."""
+    GAVE_UP = 4
+    """The supervisor: a requeue was due, but the job's --max-requeues is spent."""
 
 
 class HpclaunchError(Exception):

@@ -192,12 +192,32 @@ class Slurm:
         """``scontrol show topology`` as printed (see context.parse_topology)."""
         return self._run(("scontrol", "show", "topology")).stdout
 
+    def job_fields(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job JOBID`` as KEY=VALUE pairs. Raises SlurmError."""
+        return parse_show_job(self._run(("scontrol", "show", "job", str(job_id))).stdout)
+
+    def requeue(self, job_id: int) -> None:
+        """``scontrol requeue JOBID``: SLURM stops every process of the job and queues it
+        again (same job id, SLURM_RESTART_COUNT one higher). Raises SlurmError."""
+        self._run(("scontrol", "requeue", str(job_id)))
+
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         """``scontrol update NodeName=NAME State=STATE [Reason=...]``. Raises SlurmError."""
         argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]
         if reason is not None:
             argv.append(f"Reason={reason}")
         self._run(argv)
+
+
+def parse_show_job(text: str) -> dict[str, str]:
+    """The KEY=VALUE words of ``scontrol show job`` (values with spaces, such as
+    Command, keep only their first word)."""
+    fields: dict[str, str] = {}
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep and key and key not in fields:
+            fields[key] = value
+    return fields
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""The batch-step supervisor: runs the ``srun`` step and passes SLURM's signals on.
+"""The batch-step supervisor: runs the ``srun`` step, passes SLURM's signals on, and
+requeues the job after a time-limit warning.
 
 SLURM sends the time-limit warning (``--signal=B:USR1@LEAD``) to the batch
 shell only, and preemption's SIGTERM to the batch shell and the tasks. The
 rendered script ``exec``s this supervisor, so it *is* the batch shell: it
-forwards each of these signals to the step (srun passes them to every task)
-and ends with the step's exit status.
+forwards each of these signals to the step (srun passes them to every task),
+waits for the step to end (the workers checkpoint and exit), and then acts as
+``hpclaunch.requeue.decide`` says.
 """
 
 from __future__ import annotations
@@ -12,12 +14,21 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
+
+from hpclaunch import requeue
+from hpclaunch.errors import SlurmError
+from hpclaunch.slurm import Slurm
 
 log = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+DEFAULT_GRACE_S = 90.0
+_POLL_S = 0.2
 
 
 def exit_status(returncode: int) -> int:
@@ -25,27 +36,119 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run_step(argv: Sequence[str]) -> int:
-    """Run ``argv`` (the srun step), forwarding signals to it; return its exit status."""
+@dataclass(frozen=True)
+class StepResult:
+    status: int
+    signals: tuple[int, ...]  # the signals received (and forwarded), in order
+
+    @property
+    def first_signal(self) -> int | None:
+        return self.signals[0] if self.signals else None
+
+
+def run_step(argv: Sequence[str], grace_s: float = DEFAULT_GRACE_S) -> StepResult:
+    """Run ``argv`` (the srun step), forwarding signals to it. After the first signal
+    the step gets ``grace_s`` seconds to end; then srun is killed (SLURM cleans up)."""
     child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
+    received: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        # Only a kill(2) here: no I/O, no policy, inside a signal handler.
-        if child is None:
-            pending.append(signum)
-        elif child.poll() is None:
+        # Only bookkeeping and a kill(2) here: no I/O, no policy, inside a signal handler.
+        received.append(signum)
+        if child is not None and child.poll() is None:
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
         child = subprocess.Popen(list(argv))
-        for signum in pending:
+        for signum in received:
             child.send_signal(signum)
         log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
-        returncode = child.wait()
+        returncode = _wait(child, received, grace_s)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.info("supervisor: step ended with status %d", exit_status(returncode))
-    return exit_status(returncode)
+    return StepResult(exit_status(returncode), tuple(received))
+
+
+def _wait(child: subprocess.Popen[bytes], received: list[int], grace_s: float) -> int:
+    deadline: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=_POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if received and deadline is None:
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("supervisor: step still running %.0f s after the signal; killing srun",
+                        grace_s)  # fmt: skip
+            child.kill()
+            return child.wait()
+
+
+def supervise(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    slurm: Slurm,
+    job_dir: Path | None,
+    max_requeues: int,
+    grace_s: float = DEFAULT_GRACE_S,
+) -> int:
+    """The batch step: run the step, then requeue, give up or end as the policy says.
+    Returns the supervisor's exit status."""
+    job_id = int(env["SLURM_JOB_ID"])
+    requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
+    history = requeue.History.load(job_dir, job_id, max_requeues) if job_dir is not None else None
+    run = history.start(env, requeue_count) if history is not None else None
+
+    def record(result: StepResult, decision: requeue.Decision) -> None:
+        if history is not None and run is not None and job_dir is not None:
+            requeue.finish(run, result.status, result.first_signal, decision)
+            history.save(job_dir)
+
+    if requeue.over_budget(requeue_count, max_requeues):
+        decision = requeue.Decision(
+            requeue.Action.GIVE_UP, requeue.Reason.OVER_BUDGET, requeue.GAVE_UP_STATUS
+        )
+        log.error(
+            "supervisor: the job was requeued %d times, more than --max-requeues %d; giving up",
+            requeue_count, max_requeues,
+        )  # fmt: skip
+        record(StepResult(decision.exit_status, ()), decision)
+        return decision.exit_status
+    if history is not None and job_dir is not None:
+        history.save(job_dir)
+    result = run_step(argv, grace_s)
+    restarts = None
+    if result.first_signal in requeue.STOP_SIGNALS:
+        restarts = _slurm_restarts(slurm, job_id)
+    decision = requeue.decide(
+        requeue.Situation(result.status, result.first_signal, requeue_count, restarts, max_requeues)
+    )
+    if decision.action is requeue.Action.REQUEUE:
+        log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)",
+                 decision.reason.value, requeue_count + 1, max_requeues)  # fmt: skip
+        record(result, decision)  # before the requeue: SLURM ends this process next
+        slurm.requeue(job_id)
+        return decision.exit_status
+    if decision.action is requeue.Action.GIVE_UP:
+        log.error("supervisor: %s, but the job has been requeued %d times (--max-requeues %d); "
+                  "giving up", decision.reason.value, requeue_count, max_requeues)  # fmt: skip
+    elif decision.action is requeue.Action.SLURM_REQUEUES:
+        log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or a "
+                 "lost node); the next run resumes from the latest checkpoint")  # fmt: skip
+    else:
+        log.info("supervisor: job %s", decision.reason.value)
+    record(result, decision)
+    return decision.exit_status
+
+
+def _slurm_restarts(slurm: Slurm, job_id: int) -> int | None:
+    try:
+        return int(slurm.job_fields(job_id).get("Restarts", ""))
+    except (SlurmError, ValueError) as exc:
+        log.warning("supervisor: could not read the job's Restarts from scontrol: %s", exc)
+        return None

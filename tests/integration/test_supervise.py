@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import base_env, wait_for
+from tests.integration.helpers import VENV_BIN, base_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,23 +29,53 @@ signal.pause()
 
 
 def start(hpclaunch_bin: Path, tmp_path: Path, *step: str) -> subprocess.Popen[str]:
+    # A job on its second run with a budget of one requeue: a time-limit warning then
+    # gives up without calling SLURM, and SIGTERM's question to scontrol fails at once
+    # (not on PATH), which the supervisor takes as a cancellation. The real requeues
+    # are tested on the sandbox (test_fault_tolerance.py).
+    env = base_env(SLURM_JOB_ID="7", SLURM_RESTART_COUNT="1")
+    env["PATH"] = str(VENV_BIN)
     return subprocess.Popen(
-        [str(hpclaunch_bin), "supervise", "--max-requeues", "1", "--", *step],
-        env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [str(hpclaunch_bin), "supervise", "--max-requeues", "1", "--job-dir",
+         str(tmp_path / "job"), "--", *step],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT])
-def test_signals_reach_the_step(tmp_path: Path, hpclaunch_bin: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("sig", "status", "reason"),
+    [
+        (signal.SIGUSR1, 4, "over the requeue budget"),
+        (signal.SIGUSR2, 4, "over the requeue budget"),
+        (signal.SIGTERM, 0, "cancelled"),
+        (signal.SIGINT, 0, "cancelled"),
+    ],
+)
+def test_signals_reach_the_step(
+    tmp_path: Path, hpclaunch_bin: Path, sig: signal.Signals, status: int, reason: str
+) -> None:
     record = tmp_path / "step"
     with start(hpclaunch_bin, tmp_path, sys.executable, "-c", STEP, str(record)) as proc:
         try:
             wait_for(record.with_suffix(".ready").exists, what="the step to start")
             proc.send_signal(sig)
-            assert proc.wait(timeout=20) == 0
+            assert proc.wait(timeout=20) == status
         finally:
             proc.kill()
     assert record.with_suffix(".signal").read_text() == sig.name
+    history = json.loads((tmp_path / "job" / "history.json").read_text())
+    assert [(r["requeue_count"], r["first_signal"], r["reason"]) for r in history["runs"]] == [
+        (1, sig.name, reason)
+    ]
+
+
+def test_outside_a_job_it_refuses(hpclaunch_bin: Path) -> None:
+    result = subprocess.run(
+        [str(hpclaunch_bin), "supervise", "--", "true"],
+        env=base_env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "SLURM_JOB_ID=None: hpclaunch supervise runs as a job's batch step" in result.stderr
 
 
 def test_exit_status_is_the_steps(tmp_path: Path, hpclaunch_bin: Path) -> None:

@@ -1,0 +1,135 @@
+"""A tiny deterministic DDP training run that checkpoints, resumes, and reports a digest.
+
+Fixed seeds, fixed data per step, gloo on the CPU: an interrupted run that resumes
+from its checkpoints ends with exactly the parameters of an uninterrupted one, so
+the SHA-256 digest it prints at the end is the same. It checkpoints every
+``--checkpoint-every`` steps and when hpclaunch's preemption flag is set (SIGTERM,
+SIGUSR1 or SIGUSR2), resumes from the latest complete checkpoint, and at the end
+global rank 0 prints ``RESULT {...}`` and writes it to ``--result``.
+
+Faults to try the machinery with:
+  --crash-rank R --crash-at S   rank R exits 3 at step S, on the job's first attempt only
+  --fail-at S                   every rank raises at step S (a bug in the script)
+  --bad-node NAME               workers on node NAME exit 4 at their first step (a bad GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hpclaunch import checkpoint
+
+FEATURES, HIDDEN, BATCH_PER_RANK = 16, 32, 8
+
+
+def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same global batch for a step on every run; each rank takes its slice."""
+    gen = torch.Generator().manual_seed(10_000 + step)
+    x = torch.randn(world * BATCH_PER_RANK, FEATURES, generator=gen)
+    y = torch.sin(x.sum(dim=1, keepdim=True))
+    part = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
+    return x[part], y[part]
+
+
+def digest(model: torch.nn.Module) -> str:
+    sha = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        sha.update(name.encode())
+        flat = value.detach().cpu().to(torch.float64).flatten().tolist()
+        sha.update(struct.pack(f"<{len(flat)}d", *flat))
+    return sha.hexdigest()
+
+
+def say(kind: str, **fields: object) -> None:
+    sys.stdout.write(f"{kind} {json.dumps(fields, sort_keys=True)}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step")
+    parser.add_argument("--result", default=None, help="file for rank 0's RESULT line")
+    parser.add_argument("--crash-rank", type=int, default=None)
+    parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--fail-at", type=int, default=None)
+    parser.add_argument("--bad-node", default=None)
+    args = parser.parse_args()
+
+    stop = checkpoint.Preemption.install()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first_attempt = (
+        os.environ.get("HPCLAUNCH_ATTEMPT", "0") == "0"
+        and os.environ.get("HPCLAUNCH_REQUEUE_COUNT", "0") == "0"
+    )
+    node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
+    )
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    resumed = checkpoint.load_latest()
+    start = 0
+    if resumed is not None:
+        model.load_state_dict(resumed.state["model"])
+        optimizer.load_state_dict(resumed.state["optimizer"])
+        start = resumed.step + 1
+    if rank == 0:
+        env = os.environ
+        requeue, attempt = env.get("HPCLAUNCH_REQUEUE_COUNT"), env.get("HPCLAUNCH_ATTEMPT")
+        say("START", step=start, world_size=world, requeue=requeue, attempt=attempt)
+
+    step = start
+    for step in range(start, args.steps):
+        if args.bad_node is not None and node == args.bad_node:
+            sys.stderr.write(f"rank {rank}: node {node} is bad\n")
+            sys.exit(4)
+        if rank == args.crash_rank and step == args.crash_at and first_attempt:
+            sys.stderr.write(f"rank {rank}: crashing at step {step}\n")
+            sys.exit(3)
+        if step == args.fail_at:
+            raise ValueError(f"bad value at step {step}")
+        x, y = batch(step, rank, world)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        optimizer.step()
+        if args.step_time:
+            time.sleep(args.step_time)
+        stopping = stop.should_stop()
+        if stopping or (step + 1) % args.checkpoint_every == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            checkpoint.save(state, step)
+        if stopping:
+            if rank == 0:
+                say(
+                    "STOPPED", step=step, signal=stop.signal.name if stop.signal else "another rank"
+                )
+            dist.destroy_process_group()
+            return
+    if rank == 0:
+        result = {"steps": args.steps, "digest": digest(model), "started_at": start,
+                  "world_size": world}  # fmt: skip
+        say("RESULT", **result)
+        if args.result:
+            with open(args.result, "w") as handle:
+                json.dump(result, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

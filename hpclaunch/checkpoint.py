@@ -1,0 +1,227 @@
+"""Checkpoints that survive being killed, and the preemption flag a training loop polls.
+
+A training script needs four calls::
+
+    from hpclaunch import checkpoint
+
+    stop = checkpoint.Preemption.install()        # SIGTERM/SIGUSR1/SIGUSR2 set a flag
+    resumed = checkpoint.load_latest()             # None on a fresh start
+    start = 0 if resumed is None else resumed.step + 1
+    for step in range(start, steps):
+        train_one_step(step)
+        stopping = stop.should_stop()              # every rank gets the same answer
+        if stopping or (step + 1) % every == 0:
+            checkpoint.save({"model": model.state_dict(), ...}, step)
+        if stopping:
+            break
+
+``save`` writes into ``HPCLAUNCH_CHECKPOINT_DIR`` (the rendered job script sets
+it) as ``step-000000000042.pt``: global rank 0 writes a temporary file in the
+same folder, fsyncs it, renames it into place and fsyncs the folder, while the
+other ranks wait in a barrier. A checkpoint either exists complete under its
+final name or not at all, so ``latest`` never returns a half-written file, and a
+complete checkpoint is never overwritten. torch is imported only by the
+functions that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+ENV_VAR = "HPCLAUNCH_CHECKPOINT_DIR"
+DEFAULT_KEEP_LAST = 2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_NAME = re.compile(r"^step-(\d{12})\.pt$")
+
+
+class CheckpointError(Exception):
+    """The checkpoint folder is not set or not usable; the message says how to fix it."""
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """A complete checkpoint on disk."""
+
+    step: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``load_latest`` returns: the step it was saved at and the saved state."""
+
+    step: int
+    state: Any
+    path: Path
+
+
+def directory(folder: str | os.PathLike[str] | None = None) -> Path:
+    """``folder``, else ``$HPCLAUNCH_CHECKPOINT_DIR``; created if missing."""
+    if folder is None:
+        given = os.environ.get(ENV_VAR, "").strip()
+        if not given:
+            raise CheckpointError(
+                f"{ENV_VAR} is not set; run the script through hpclaunch sbatch (which sets it) "
+                "or pass folder=..."
+            )
+        folder = given
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the checkpoint folder {str(path)!r}: {exc}") from None
+    return path
+
+
+def path_for(folder: Path, step: int) -> Path:
+    if step < 0:
+        raise ValueError(f"a checkpoint's step must be 0 or more, not {step}")
+    return folder / f"step-{step:012d}.pt"
+
+
+def complete(folder: str | os.PathLike[str]) -> list[Checkpoint]:
+    """The complete checkpoints in ``folder``, oldest first (temporary files ignored)."""
+    found = []
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        match = _NAME.match(entry.name)
+        if match and entry.is_file():
+            found.append(Checkpoint(int(match.group(1)), Path(entry.path)))
+    return sorted(found)
+
+
+def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:
+    """The newest complete checkpoint, or None."""
+    found = complete(directory(folder))
+    return found[-1] if found else None
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> bool:
+    """Write ``path`` through ``write(file)`` so that it appears complete or not at all:
+    a temporary file in the same folder, fsync, rename, fsync of the folder.
+    Returns False (and writes nothing) when ``path`` already exists."""
+    if path.exists():
+        return False
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+    return True
+
+
+def fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prune(folder: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, not {keep_last}")
+    old = complete(folder)[:-keep_last]
+    for item in old:
+        item.path.unlink(missing_ok=True)
+    return [item.path for item in old]
+
+
+def save(
+    state: Mapping[str, Any],
+    step: int,
+    *,
+    folder: str | os.PathLike[str] | None = None,
+    keep_last: int = DEFAULT_KEEP_LAST,
+) -> Path:
+    """Save ``state`` (anything ``torch.save`` takes) as the checkpoint of ``step``.
+
+    In a distributed job, global rank 0 writes and every rank waits for it in a
+    barrier, so all ranks return once the checkpoint is complete. Keeps the newest
+    ``keep_last`` checkpoints. Returns the checkpoint's path."""
+    import torch
+    import torch.distributed as dist
+
+    target = path_for(directory(folder), step)
+    distributed = dist.is_available() and dist.is_initialized()
+    if not distributed or dist.get_rank() == 0:
+        write_atomic(target, lambda handle: torch.save(dict(state), handle))
+        prune(target.parent, keep_last)
+    if distributed:
+        dist.barrier()
+    return target
+
+
+def load_latest(
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    map_location: Any = "cpu",
+    weights_only: bool = True,
+) -> Loaded | None:
+    """Load the newest complete checkpoint, or return None when there is none."""
+    import torch
+
+    found = latest(folder)
+    if found is None:
+        return None
+    state = torch.load(found.path, map_location=map_location, weights_only=weights_only)
+    return Loaded(found.step, state, found.path)
+
+
+class Preemption:
+    """A flag set by the stop signals; the training loop polls it at step boundaries.
+
+    The handler only records the signal (no I/O, no collective, nothing that could
+    deadlock mid-step). ``should_stop`` is the step-boundary check: in a distributed
+    job it is a collective (an all_reduce of one number), so every rank must call it
+    at the same step and all ranks get the same answer, even when the signal reached
+    them at different steps."""
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+
+    @classmethod
+    def install(cls, signals: Iterable[signal.Signals] = STOP_SIGNALS) -> Preemption:
+        flag = cls()
+        for sig in signals:
+            signal.signal(sig, flag._handle)
+        return flag
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal = signal.Signals(signum)
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process got a stop signal (no communication)."""
+        return self.signal is not None
+
+    def should_stop(self) -> bool:
+        """Whether any rank got a stop signal (a collective in a distributed job)."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.requested
+        device = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)

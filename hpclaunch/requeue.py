@@ -1,0 +1,157 @@
+"""What the batch-step supervisor does when the step ends: the pure policy
+(``decide``) and the job's history (``history.json`` in the job folder).
+
+The supervisor learns why the step ended from the first signal it received and,
+for SIGTERM, from SLURM: a requeue by SLURM (``scontrol requeue``, preemption in
+REQUEUE mode, a lost node) raises the job's ``Restarts`` count at once, while a
+user's ``scancel`` does not.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpclaunch.errors import ExitCode
+
+HISTORY_FILE = "history.json"
+
+
+class Reason(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"  # the step failed by itself
+    TIME_LIMIT = "time limit"  # SLURM's warning signal before the time limit
+    REQUEUED_BY_SLURM = "requeued by SLURM"  # scontrol requeue, preemption, a lost node
+    CANCELLED = "cancelled"  # scancel, or the time limit itself
+    OVER_BUDGET = "over the requeue budget"
+
+
+class Action(enum.Enum):
+    NONE = "none"  # the job ends with the step's status
+    REQUEUE = "requeue"  # the supervisor runs scontrol requeue
+    SLURM_REQUEUES = "SLURM requeues"  # SLURM already is; nothing to do
+    GIVE_UP = "give up"  # a requeue was due but the budget is spent
+
+
+# The supervisor's exit status when a requeue was due and --max-requeues is spent.
+GAVE_UP_STATUS = int(ExitCode.GAVE_UP)
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the supervisor knows when the step has ended."""
+
+    status: int  # the step's exit status
+    first_signal: int | None  # the first signal the supervisor received, if any
+    requeue_count: int  # SLURM_RESTART_COUNT of this run
+    slurm_restarts: int | None  # the job's Restarts in scontrol now (None: not asked)
+    max_requeues: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: Reason
+    exit_status: int
+
+
+def decide(s: Situation) -> Decision:
+    """The policy. Time-limit warnings lead to one requeue by the supervisor while the
+    budget lasts; SLURM's own requeues are left to SLURM; cancellations and failures
+    end the job (failure-driven requeues are not in this version)."""
+    if s.first_signal in WARNING_SIGNALS:
+        if s.requeue_count >= s.max_requeues:
+            return Decision(Action.GIVE_UP, Reason.OVER_BUDGET, GAVE_UP_STATUS)
+        return Decision(Action.REQUEUE, Reason.TIME_LIMIT, 0)
+    if s.first_signal in STOP_SIGNALS:
+        if s.slurm_restarts is not None and s.slurm_restarts > s.requeue_count:
+            return Decision(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)
+        return Decision(Action.NONE, Reason.CANCELLED, s.status)
+    if s.status == 0:
+        return Decision(Action.NONE, Reason.COMPLETED, 0)
+    return Decision(Action.NONE, Reason.FAILED, s.status)
+
+
+def over_budget(requeue_count: int, max_requeues: int) -> bool:
+    """Whether a run that SLURM requeued (which the supervisor cannot refuse) is past
+    the budget: the supervisor then gives up before starting the step."""
+    return requeue_count > max_requeues
+
+
+@dataclass
+class Run:
+    """One run of the job (one allocation) in the history."""
+
+    requeue_count: int
+    nodes: str
+    started: float
+    ended: float | None = None
+    step_status: int | None = None
+    first_signal: str | None = None
+    reason: str | None = None
+    action: str | None = None
+
+
+@dataclass
+class History:
+    """``history.json``: every run of the job, newest last."""
+
+    job_id: int
+    max_requeues: int
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def requeues(self) -> int:
+        requeued = (Action.REQUEUE.value, Action.SLURM_REQUEUES.value)
+        return sum(1 for run in self.runs if run.action in requeued)
+
+    @classmethod
+    def load(cls, job_dir: Path, job_id: int, max_requeues: int) -> History:
+        try:
+            data = json.loads((job_dir / HISTORY_FILE).read_text())
+        except FileNotFoundError:
+            return cls(job_id, max_requeues)
+        except ValueError as exc:
+            raise ValueError(f"{job_dir / HISTORY_FILE} is not valid JSON ({exc})") from None
+        runs = [Run(**run) for run in data.get("runs", [])]
+        return cls(job_id, max_requeues, runs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "max_requeues": self.max_requeues,
+            "requeues": self.requeues,
+            "runs": [asdict(run) for run in self.runs],
+        }
+
+    def save(self, job_dir: Path) -> None:
+        """Replace history.json atomically (a reader sees the old or the new file)."""
+        job_dir.mkdir(parents=True, exist_ok=True)
+        target = job_dir / HISTORY_FILE
+        temp = target.with_name(f".{HISTORY_FILE}.tmp-{os.getpid()}")
+        temp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        with open(temp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+
+    def start(self, env: Mapping[str, str], requeue_count: int) -> Run:
+        run = Run(requeue_count, env.get("SLURM_JOB_NODELIST", ""), time.time())
+        self.runs.append(run)
+        return run
+
+
+def finish(run: Run, status: int, first_signal: int | None, decision: Decision) -> None:
+    run.ended = time.time()
+    run.step_status = status
+    run.first_signal = signal.Signals(first_signal).name if first_signal else None
+    run.reason = decision.reason.value
+    run.action = decision.action.value
