@@ -1,8 +1,14 @@
-"""A tiny deterministic DDP training run that checkpoints, resumes, and reports a digest.
+"""A tiny deterministic data-parallel training run that checkpoints, resumes, and
+reports a digest.
 
 Fixed seeds, fixed data per step, gloo on the CPU: an interrupted run that resumes
 from its checkpoints ends with exactly the parameters of an uninterrupted one, so
-the SHA-256 digest it prints at the end is the same. It checkpoints every
+the SHA-256 digest it prints at the end is the same. Gradients are averaged with
+one all_reduce per parameter, in a fixed order, rather than by
+DistributedDataParallel: DDP lays its gradient buckets out anew after its first
+iteration, and with more than two ranks the float sums of gloo's ring all_reduce
+depend on that layout, so a resumed run (whose first iteration is not the job's)
+would differ from an uninterrupted one in the last bits. It checkpoints every
 ``--checkpoint-every`` steps and when hpclaunch's preemption flag is set (SIGTERM,
 SIGUSR1 or SIGUSR2), resumes from the latest complete checkpoint, and at the end
 global rank 0 prints ``RESULT {...}`` and writes it to ``--result``.
@@ -26,7 +32,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from hpclaunch import checkpoint
 
@@ -80,8 +85,7 @@ def main() -> None:
     model = torch.nn.Sequential(
         torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
     )
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     resumed = checkpoint.load_latest()
     start = 0
     if resumed is not None:
@@ -105,8 +109,12 @@ def main() -> None:
             raise ValueError(f"bad value at step {step}")
         x, y = batch(step, rank, world)
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        for param in model.parameters():  # average the gradients, in a fixed order
+            assert param.grad is not None
+            dist.all_reduce(param.grad)
+            param.grad /= world
         optimizer.step()
         if args.step_time:
             time.sleep(args.step_time)
