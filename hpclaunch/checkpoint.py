@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ ENV_VAR = "HPCLAUNCH_CHECKPOINT_DIR"
 DEFAULT_KEEP_LAST = 2
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _NAME = re.compile(r"^step-(\d{12})\.pt$")
+_TEMP = re.compile(r"^\.step-\d{12}\.pt\.tmp-\d+$")
 
 
 class CheckpointError(Exception):
@@ -135,13 +137,16 @@ def fsync_folder(folder: Path) -> None:
 
 
 def prune(folder: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted."""
+    """Delete all but the newest ``keep_last`` complete checkpoints, and the temporary
+    files of writers that were killed mid-write; return what was deleted. Call it only
+    from the job's one writer (``save`` does, on global rank 0)."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, not {keep_last}")
-    old = complete(folder)[:-keep_last]
-    for item in old:
-        item.path.unlink(missing_ok=True)
-    return [item.path for item in old]
+    old = [item.path for item in complete(folder)[:-keep_last]]
+    old += [Path(e.path) for e in os.scandir(folder) if _TEMP.match(e.name)]
+    for path in old:
+        path.unlink(missing_ok=True)
+    return old
 
 
 def save(
@@ -214,6 +219,8 @@ class Preemption:
 
     def should_stop(self) -> bool:
         """Whether any rank got a stop signal (a collective in a distributed job)."""
+        if "torch.distributed" not in sys.modules:  # then no process group exists
+            return self.requested
         import torch
         import torch.distributed as dist
 
