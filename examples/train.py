@@ -118,6 +118,8 @@ def main() -> None:
         optimizer.step()
         if args.step_time:
             time.sleep(args.step_time)
+        if rank == 0 and step == start:
+            say("FIRST_STEP", step=step, time=time.time())
         stopping = stop.should_stop()
         if stopping or (step + 1) % args.checkpoint_every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.hostlist import expand
 from hpclaunch.sandbox import procs
+from hpclaunch.sandbox.cluster import NodeAction
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
 
@@ -136,6 +138,28 @@ def test_an_interrupted_job_is_requeued_once_and_resumes(
     by_us = how == "time-limit warning"
     first = ("time limit", "requeue") if by_us else ("requeued by SLURM", "SLURM requeues")
     assert job.history() == [(0, *first), (1, "completed", "none")]
+
+
+def test_a_lost_node_requeues_the_job_onto_the_others(
+    sandbox: Running, tmp_path: Path, uninterrupted: str
+) -> None:
+    job = submit(sandbox, tmp_path)
+    job.wait_checkpoint(9)
+    lost = expand(job.fields()["NodeList"])[1]  # not the node of the batch step
+    try:
+        # The node dies; SLURM would mark it DOWN after its timeouts (~25 s): do it now.
+        sandbox.box.kill_node(lost)
+        sandbox.box.set_node_state(lost, NodeAction.DOWN, "test: node lost")
+        assert job.wait_end() == "COMPLETED", job.log
+    finally:
+        sandbox.box.start_node(lost)  # and back to service, for the next tests
+    assert digest_of(job) == uninterrupted
+    assert job.fields()["Restarts"] == "1"
+    assert job.history() == [(0, "requeued by SLURM", "SLURM requeues"), (1, "completed", "none")]
+    runs = json.loads((job.job_dir / "history.json").read_text())["runs"]
+    assert lost in expand(runs[0]["nodes"]) and lost not in expand(runs[1]["nodes"])
+    starts = job.lines("START")
+    assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 5
 
 
 def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_path: Path) -> None:
