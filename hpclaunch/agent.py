@@ -199,8 +199,8 @@ def launch(
         return 1
     except RendezvousClosedError:
         log.error(
-            "another node closed the rendezvous (its workers kept failing); "
-            "its root-cause block says why"
+            "another node's agent closed the rendezvous and ended; its log says why "
+            "(a root-cause block when its workers failed)"
         )
         return 1
     except SignalException as exc:

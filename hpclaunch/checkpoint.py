@@ -5,15 +5,26 @@ A training script needs four calls::
     from hpclaunch import checkpoint
 
     stop = checkpoint.Preemption.install()        # SIGTERM/SIGUSR1/SIGUSR2 set a flag
+    dist.init_process_group("gloo")
     resumed = checkpoint.load_latest()             # None on a fresh start
-    start = 0 if resumed is None else resumed.step + 1
+    start = 0
+    if resumed is not None:
+        model.load_state_dict(resumed.state["model"])
+        optimizer.load_state_dict(resumed.state["optimizer"])
+        start = resumed.step + 1
     for step in range(start, steps):
         train_one_step(step)
         stopping = stop.should_stop()              # every rank gets the same answer
         if stopping or (step + 1) % every == 0:
-            checkpoint.save({"model": model.state_dict(), ...}, step)
+            checkpoint.save({"model": model.state_dict(),
+                             "optimizer": optimizer.state_dict()}, step)
         if stopping:
             break
+
+Every rank calls ``load_latest``, ``should_stop`` and ``save`` at the same steps (they
+are collectives in a distributed job; ``if rank == 0: save(...)`` deadlocks). Only
+global rank 0's ``state`` is written, which suits replicated (DDP-style) state, not
+sharded state (FSDP, ZeRO).
 
 ``save`` writes into ``HPCLAUNCH_CHECKPOINT_DIR`` (the rendered job script sets
 it) as ``step-000000000042.pt``: global rank 0 writes a temporary file in the
@@ -30,20 +41,41 @@ import os
 import re
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from hpclaunch.errors import HpclaunchError
+
+__all__ = [
+    "ENV_VAR",
+    "STOP_SIGNALS",
+    "Checkpoint",
+    "CheckpointError",
+    "Loaded",
+    "Preemption",
+    "complete",
+    "directory",
+    "latest",
+    "load_latest",
+    "path_for",
+    "prune",
+    "save",
+    "write_atomic",
+]
+
 ENV_VAR = "HPCLAUNCH_CHECKPOINT_DIR"
 DEFAULT_KEEP_LAST = 2
+MAX_STEP = 10**12 - 1  # file names hold 12 digits
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _NAME = re.compile(r"^step-(\d{12})\.pt$")
 _TEMP = re.compile(r"^\.step-\d{12}\.pt\.tmp-\d+$")
 
 
-class CheckpointError(Exception):
+class CheckpointError(HpclaunchError):
     """The checkpoint folder is not set or not usable; the message says how to fix it."""
 
 
@@ -83,8 +115,9 @@ def directory(folder: str | os.PathLike[str] | None = None) -> Path:
 
 
 def path_for(folder: Path, step: int) -> Path:
-    if step < 0:
-        raise ValueError(f"a checkpoint's step must be 0 or more, not {step}")
+    """Where the checkpoint of ``step`` goes. Raises ValueError outside 0..MAX_STEP."""
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"a checkpoint's step must be from 0 to {MAX_STEP}, not {step}")
     return folder / f"step-{step:012d}.pt"
 
 
@@ -108,11 +141,13 @@ def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> bool:
+def write_atomic(
+    path: Path, write: Callable[[IO[bytes]], object], *, replace: bool = False
+) -> bool:
     """Write ``path`` through ``write(file)`` so that it appears complete or not at all:
-    a temporary file in the same folder, fsync, rename, fsync of the folder.
-    Returns False (and writes nothing) when ``path`` already exists."""
-    if path.exists():
+    a temporary file in the same folder, fsync, rename, fsync of the folder. Unless
+    ``replace``, returns False (and writes nothing) when ``path`` already exists."""
+    if not replace and path.exists():
         return False
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -129,6 +164,7 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> bool:
 
 
 def fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -160,14 +196,21 @@ def save(
 
     In a distributed job, global rank 0 writes and every rank waits for it in a
     barrier, so all ranks return once the checkpoint is complete. Keeps the newest
-    ``keep_last`` checkpoints. Returns the checkpoint's path."""
+    ``keep_last`` checkpoints. Returns the checkpoint's path. Raises CheckpointError
+    when the folder is unusable, OSError when the write fails (the previous
+    checkpoints stay)."""
     import torch
     import torch.distributed as dist
 
     target = path_for(directory(folder), step)
     distributed = dist.is_available() and dist.is_initialized()
     if not distributed or dist.get_rank() == 0:
-        write_atomic(target, lambda handle: torch.save(dict(state), handle))
+        if not write_atomic(target, lambda handle: torch.save(dict(state), handle)):
+            warnings.warn(
+                f"{target} exists already and was kept (a complete checkpoint is never "
+                "overwritten); save each step once",
+                stacklevel=2,
+            )
         prune(target.parent, keep_last)
     if distributed:
         dist.barrier()
@@ -180,10 +223,20 @@ def load_latest(
     map_location: Any = "cpu",
     weights_only: bool = True,
 ) -> Loaded | None:
-    """Load the newest complete checkpoint, or return None when there is none."""
+    """Load the newest complete checkpoint, or return None when there is none. In a
+    distributed job every rank loads the step global rank 0 finds (a collective).
+    Raises CheckpointError when the folder is unusable."""
     import torch
+    import torch.distributed as dist
 
     found = latest(folder)
+    if dist.is_available() and dist.is_initialized():
+        # Every rank loads the step rank 0 found: directory listings on a shared
+        # filesystem can lag, and ranks resuming from different steps diverge.
+        chosen = [found.step if found is not None else -1]
+        dist.broadcast_object_list(chosen, src=0)
+        step = int(chosen[0])
+        found = None if step < 0 else Checkpoint(step, path_for(directory(folder), step))
     if found is None:
         return None
     state = torch.load(found.path, map_location=map_location, weights_only=weights_only)
@@ -227,8 +280,8 @@ class Preemption:
         if not (dist.is_available() and dist.is_initialized()):
             return self.requested
         device = torch.device("cpu")
-        if dist.get_backend() == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl":  # NCCL reduces on this worker's GPU
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)

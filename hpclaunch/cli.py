@@ -313,7 +313,8 @@ def supervise(
     """Run STEP (the srun line) as the batch step, passing SLURM's signals on.
 
     Used by the rendered sbatch script. After SLURM's time-limit warning (USR1 or
-    USR2) it requeues the job once the step has ended; it exits with STEP's status.
+    USR2) it requeues the job once the step has ended (exit status 0, or 4 when
+    --max-requeues is spent); otherwise it exits with STEP's status.
     """
     from hpclaunch.supervise import supervise as run_supervised
 
@@ -331,13 +332,6 @@ def supervise(
             step, env=obj.env, slurm=obj.slurm, job_dir=job_dir, max_requeues=max_requeues,
             grace_s=grace_period,
         )  # fmt: skip
-    except FileNotFoundError:
-        click.echo(
-            f"Error: {step[0]!r} is not on PATH in the batch step; this must run inside a "
-            "SLURM job (the rendered script calls it)",
-            err=True,
-        )
-        sys.exit(int(ExitCode.SLURM))
     except HpclaunchError as exc:
         fail(exc)
     sys.exit(status)

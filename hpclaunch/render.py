@@ -176,6 +176,8 @@ def agent_argv(spec: JobSpec) -> list[str]:
         spec.rdzv.value,
         "--max-restarts",
         str(spec.max_restarts),
+        "--grace-period",
+        str(spec.agent_grace_s),
     ]
     if spec.etcd_endpoints:
         argv += ["--etcd-endpoint", ",".join(spec.etcd_endpoints)]
@@ -198,7 +200,8 @@ def context(spec: JobSpec) -> dict[str, Any]:
     )
     supervisor = words(
         "hpclaunch", "supervise", "--max-requeues", str(spec.max_requeues),
-        "--job-dir", Shell('"$HPCLAUNCH_JOB_DIR"'), "--",
+        "--grace-period", str(spec.signal_lead_s), "--job-dir", Shell('"$HPCLAUNCH_JOB_DIR"'),
+        "--",
     )  # fmt: skip
     srun = words(
         "srun",

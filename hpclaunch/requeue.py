@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import signal
 import time
 from collections.abc import Mapping
@@ -19,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.errors import ExitCode
+from hpclaunch.checkpoint import write_atomic
+from hpclaunch.errors import ExitCode, HpclaunchError
 
 HISTORY_FILE = "history.json"
 
@@ -36,6 +36,7 @@ class Reason(enum.Enum):
 class Action(enum.Enum):
     NONE = "none"  # the job ends with the step's status
     REQUEUE = "requeue"  # the supervisor runs scontrol requeue
+    REQUEUE_FAILED = "requeue failed"  # scontrol requeue refused; the job ends
     SLURM_REQUEUES = "SLURM requeues"  # SLURM already is; nothing to do
     GIVE_UP = "give up"  # a requeue was due but the budget is spent
 
@@ -64,21 +65,34 @@ class Decision:
     exit_status: int
 
 
+# Step statuses that mean "stopped by a signal" (128 + N), as the agents and srun
+# report a step that ended because of the warning or SLURM's SIGTERM.
+STOPPED_STATUSES = frozenset(128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_SIGNALS,
+                                                        signal.SIGKILL))  # fmt: skip
+
+
 def decide(s: Situation) -> Decision:
-    """The policy. Time-limit warnings lead to one requeue by the supervisor while the
-    budget lasts; SLURM's own requeues are left to SLURM; cancellations and failures
-    end the job (failure-driven requeues are not in this version)."""
-    if s.first_signal in WARNING_SIGNALS:
+    """The policy. SLURM's own requeues are left to SLURM; a step stopped by the
+    time-limit warning leads to one requeue by the supervisor while the budget lasts;
+    a step that ended by itself ends the job with its status, even after a signal;
+    cancellations end the job (failure-driven requeues are not in this version)."""
+    if s.slurm_restarts is not None and s.slurm_restarts > s.requeue_count:
+        return Decision(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)
+    stopped = s.first_signal is not None and s.status in STOPPED_STATUSES
+    if stopped and s.first_signal in WARNING_SIGNALS:
         if s.requeue_count >= s.max_requeues:
             return Decision(Action.GIVE_UP, Reason.OVER_BUDGET, GAVE_UP_STATUS)
         return Decision(Action.REQUEUE, Reason.TIME_LIMIT, 0)
-    if s.first_signal in STOP_SIGNALS:
-        if s.slurm_restarts is not None and s.slurm_restarts > s.requeue_count:
-            return Decision(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)
+    if stopped:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
     if s.status == 0:
         return Decision(Action.NONE, Reason.COMPLETED, 0)
     return Decision(Action.NONE, Reason.FAILED, s.status)
+
+
+def gave_up() -> Decision:
+    """The decision for a run that SLURM requeued past the budget (see over_budget)."""
+    return Decision(Action.GIVE_UP, Reason.OVER_BUDGET, GAVE_UP_STATUS)
 
 
 def over_budget(requeue_count: int, max_requeues: int) -> bool:
@@ -116,13 +130,18 @@ class History:
 
     @classmethod
     def load(cls, job_dir: Path, job_id: int, max_requeues: int) -> History:
+        """The history in ``job_dir``, or an empty one. Raises HistoryError."""
+        path = job_dir / HISTORY_FILE
         try:
-            data = json.loads((job_dir / HISTORY_FILE).read_text())
+            data = json.loads(path.read_text())
+            runs = [Run(**run) for run in data["runs"]]
         except FileNotFoundError:
             return cls(job_id, max_requeues)
-        except ValueError as exc:
-            raise ValueError(f"{job_dir / HISTORY_FILE} is not valid JSON ({exc})") from None
-        runs = [Run(**run) for run in data.get("runs", [])]
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise HistoryError(
+                f"{path} is not a history hpclaunch wrote ({type(exc).__name__}: {exc}); "
+                "move it aside and requeue the job"
+            ) from None
         return cls(job_id, max_requeues, runs)
 
     def to_json(self) -> dict[str, Any]:
@@ -136,12 +155,8 @@ class History:
     def save(self, job_dir: Path) -> None:
         """Replace history.json atomically (a reader sees the old or the new file)."""
         job_dir.mkdir(parents=True, exist_ok=True)
-        target = job_dir / HISTORY_FILE
-        temp = target.with_name(f".{HISTORY_FILE}.tmp-{os.getpid()}")
-        temp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        with open(temp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
+        text = (json.dumps(self.to_json(), indent=2) + "\n").encode()
+        write_atomic(job_dir / HISTORY_FILE, lambda handle: handle.write(text), replace=True)
 
     def start(self, env: Mapping[str, str], requeue_count: int) -> Run:
         run = Run(requeue_count, env.get("SLURM_JOB_NODELIST", ""), time.time())
@@ -149,7 +164,12 @@ class History:
         return run
 
 
-def finish(run: Run, status: int, first_signal: int | None, decision: Decision) -> None:
+class HistoryError(HpclaunchError):
+    """history.json exists but cannot be read; the message names it and the fix."""
+
+
+def finish(run: Run, status: int | None, first_signal: int | None, decision: Decision) -> None:
+    """Record how ``run`` ended (``status`` None: no step ran)."""
     run.ended = time.time()
     run.step_status = status
     run.first_signal = signal.Signals(first_signal).name if first_signal else None

@@ -160,6 +160,13 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     launcher: tuple[str, ...] = ("hpclaunch",)
 
+    @property
+    def agent_grace_s(self) -> int:
+        """How long each agent gives its workers after passing a signal on: three
+        quarters of the signal lead, so that a checkpoint written after the time-limit
+        warning is done before SLURM's limit."""
+        return max(1, self.signal_lead_s * 3 // 4)
+
     def __post_init__(self) -> None:
         for name in ("args", "setup", "launcher", "etcd_endpoints", "env"):
             if not isinstance(getattr(self, name), tuple):

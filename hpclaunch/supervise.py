@@ -15,13 +15,14 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from hpclaunch import requeue
-from hpclaunch.errors import SlurmError
+from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.slurm import Slurm
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,12 @@ log = logging.getLogger(__name__)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE_S = 90.0
 _POLL_S = 0.2
+
+
+class StepNotFound(HpclaunchError):
+    """The step's command (srun) is not on PATH."""
+
+    exit_code = ExitCode.SLURM
 
 
 def exit_status(returncode: int) -> int:
@@ -46,30 +53,56 @@ class StepResult:
         return self.signals[0] if self.signals else None
 
 
-def run_step(argv: Sequence[str], grace_s: float = DEFAULT_GRACE_S) -> StepResult:
-    """Run ``argv`` (the srun step), forwarding signals to it. After the first signal
-    the step gets ``grace_s`` seconds to end; then srun is killed (SLURM cleans up)."""
+@dataclass
+class Forwarder:
+    """Records the signals the supervisor gets and passes them to the step, once it
+    runs. Installed first thing, so that a signal during start-up is not lost."""
+
     child: subprocess.Popen[bytes] | None = None
-    received: list[int] = []
+    received: list[int] = field(default_factory=list)
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
         # Only bookkeeping and a kill(2) here: no I/O, no policy, inside a signal handler.
-        received.append(signum)
-        if child is not None and child.poll() is None:
+        self.received.append(signum)
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
+        """Start forwarding to ``child``, passing on what arrived before it ran."""
+        self.child = child
+        for signum in self.received:
             child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+
+@contextmanager
+def forwarding() -> Iterator[Forwarder]:
+    forwarder = Forwarder()
+    previous = {sig: signal.signal(sig, forwarder.handle) for sig in FORWARDED_SIGNALS}
     try:
-        child = subprocess.Popen(list(argv))
-        for signum in received:
-            child.send_signal(signum)
-        log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
-        returncode = _wait(child, received, grace_s)
+        yield forwarder
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_step(
+    argv: Sequence[str], forwarder: Forwarder, grace_s: float = DEFAULT_GRACE_S
+) -> StepResult:
+    """Run ``argv`` (the srun step) with ``forwarder`` passing signals to it. After the
+    first signal the step gets ``grace_s`` seconds to end; then srun is killed (SLURM
+    cleans up the tasks). Raises StepNotFound."""
+    try:
+        child = subprocess.Popen(list(argv))
+    except FileNotFoundError:
+        raise StepNotFound(
+            f"{argv[0]!r} is not on PATH in the batch step; this must run inside a SLURM "
+            "job (the rendered script calls it)"
+        ) from None
+    forwarder.attach(child)
+    log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
+    returncode = _wait(child, forwarder.received, grace_s)
     log.info("supervisor: step ended with status %d", exit_status(returncode))
-    return StepResult(exit_status(returncode), tuple(received))
+    return StepResult(exit_status(returncode), tuple(forwarder.received))
 
 
 def _wait(child: subprocess.Popen[bytes], received: list[int], grace_s: float) -> int:
@@ -98,52 +131,60 @@ def supervise(
     grace_s: float = DEFAULT_GRACE_S,
 ) -> int:
     """The batch step: run the step, then requeue, give up or end as the policy says.
-    Returns the supervisor's exit status."""
-    job_id = int(env["SLURM_JOB_ID"])
-    requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
-    history = requeue.History.load(job_dir, job_id, max_requeues) if job_dir is not None else None
-    run = history.start(env, requeue_count) if history is not None else None
+    Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
+    with forwarding() as forwarder:
+        job_id = int(env["SLURM_JOB_ID"])
+        requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
+        history = None
+        if job_dir is not None:
+            history = requeue.History.load(job_dir, job_id, max_requeues)
+        run = history.start(env, requeue_count) if history is not None else None
 
-    def record(result: StepResult, decision: requeue.Decision) -> None:
-        if history is not None and run is not None and job_dir is not None:
-            requeue.finish(run, result.status, result.first_signal, decision)
+        def record(status: int | None, first_signal: int | None, d: requeue.Decision) -> None:
+            if history is not None and run is not None and job_dir is not None:
+                requeue.finish(run, status, first_signal, d)
+                history.save(job_dir)
+
+        if requeue.over_budget(requeue_count, max_requeues):
+            decision = requeue.gave_up()
+            log.error(
+                "supervisor: the job was requeued %d times, more than --max-requeues %d; "
+                "giving up", requeue_count, max_requeues,
+            )  # fmt: skip
+            record(None, None, decision)
+            return decision.exit_status
+        if history is not None and job_dir is not None:
             history.save(job_dir)
-
-    if requeue.over_budget(requeue_count, max_requeues):
-        decision = requeue.Decision(
-            requeue.Action.GIVE_UP, requeue.Reason.OVER_BUDGET, requeue.GAVE_UP_STATUS
+        result = run_step(argv, forwarder, grace_s)
+        restarts = _slurm_restarts(slurm, job_id) if result.signals else None
+        decision = requeue.decide(
+            requeue.Situation(
+                result.status, result.first_signal, requeue_count, restarts, max_requeues
+            )
         )
-        log.error(
-            "supervisor: the job was requeued %d times, more than --max-requeues %d; giving up",
-            requeue_count, max_requeues,
-        )  # fmt: skip
-        record(StepResult(decision.exit_status, ()), decision)
+        if decision.action is requeue.Action.REQUEUE:
+            log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)",
+                     decision.reason.value, requeue_count + 1, max_requeues)  # fmt: skip
+            try:
+                slurm.requeue(job_id)
+            except SlurmError as exc:
+                log.error("supervisor: scontrol requeue failed, so the job ends: %s", exc)
+                failed = requeue.Decision(
+                    requeue.Action.REQUEUE_FAILED, decision.reason, int(ExitCode.SLURM)
+                )
+                record(result.status, result.first_signal, failed)
+                return failed.exit_status
+        elif decision.action is requeue.Action.GIVE_UP:
+            log.error("supervisor: %s, but the job has been requeued %d times "
+                      "(--max-requeues %d); giving up", decision.reason.value, requeue_count,
+                      max_requeues)  # fmt: skip
+        elif decision.action is requeue.Action.SLURM_REQUEUES:
+            log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or "
+                     "a lost node); the next run resumes from the latest checkpoint")  # fmt: skip
+        else:
+            log.info("supervisor: job %s", decision.reason.value)
+        record(result.status, result.first_signal, decision)
         return decision.exit_status
-    if history is not None and job_dir is not None:
-        history.save(job_dir)
-    result = run_step(argv, grace_s)
-    restarts = None
-    if result.first_signal in requeue.STOP_SIGNALS:
-        restarts = _slurm_restarts(slurm, job_id)
-    decision = requeue.decide(
-        requeue.Situation(result.status, result.first_signal, requeue_count, restarts, max_requeues)
-    )
-    if decision.action is requeue.Action.REQUEUE:
-        log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)",
-                 decision.reason.value, requeue_count + 1, max_requeues)  # fmt: skip
-        record(result, decision)  # before the requeue: SLURM ends this process next
-        slurm.requeue(job_id)
-        return decision.exit_status
-    if decision.action is requeue.Action.GIVE_UP:
-        log.error("supervisor: %s, but the job has been requeued %d times (--max-requeues %d); "
-                  "giving up", decision.reason.value, requeue_count, max_requeues)  # fmt: skip
-    elif decision.action is requeue.Action.SLURM_REQUEUES:
-        log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or a "
-                 "lost node); the next run resumes from the latest checkpoint")  # fmt: skip
-    else:
-        log.info("supervisor: job %s", decision.reason.value)
-    record(result, decision)
-    return decision.exit_status
 
 
 def _slurm_restarts(slurm: Slurm, job_id: int) -> int | None:

@@ -14,13 +14,14 @@ from tests.integration.helpers import VENV_BIN, base_env, wait_for
 
 pytestmark = pytest.mark.integration
 
-# A step that reports readiness, then records the first signal it gets and exits 0.
+# A step that reports readiness, then records the first signal it gets and exits as the
+# agents do when stopped by a signal: 128 + its number.
 STEP = """
 import signal, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 def got(signum, frame):
     out.with_suffix('.signal').write_text(signal.Signals(signum).name)
-    sys.exit(0)
+    sys.exit(128 + signum)
 for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
     signal.signal(s, got)
 out.with_suffix('.ready').write_text('')
@@ -47,8 +48,8 @@ def start(hpclaunch_bin: Path, tmp_path: Path, *step: str) -> subprocess.Popen[s
     [
         (signal.SIGUSR1, 4, "over the requeue budget"),
         (signal.SIGUSR2, 4, "over the requeue budget"),
-        (signal.SIGTERM, 0, "cancelled"),
-        (signal.SIGINT, 0, "cancelled"),
+        (signal.SIGTERM, 143, "cancelled"),
+        (signal.SIGINT, 130, "cancelled"),
     ],
 )
 def test_signals_reach_the_step(

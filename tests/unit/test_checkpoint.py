@@ -33,7 +33,7 @@ def test_latest_sees_only_complete_checkpoints(tmp_path: Path) -> None:
     (tmp_path / "step-15.pt").write_text("not ours")
     assert checkpoint.latest(tmp_path) == Checkpoint(10, tmp_path / "step-000000000010.pt")
     assert [c.step for c in checkpoint.complete(tmp_path)] == [2, 5, 10]
-    with pytest.raises(ValueError, match="0 or more"):
+    with pytest.raises(ValueError, match="from 0 to 999999999999, not -1"):
         checkpoint.path_for(tmp_path, -1)
 
 

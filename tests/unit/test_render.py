@@ -77,12 +77,14 @@ def test_launch_line_supervisor_srun_agent_training() -> None:
         srun_options=(("container-image", "nvcr.io#nvidia/pytorch:24.05-py3"),),
     )  # fmt: skip
     argv = launch_words(render(job))
-    assert argv[:7] == [
+    assert argv[:9] == [
         "exec",
         "hpclaunch",
         "supervise",
         "--max-requeues",
         "2",
+        "--grace-period",
+        "120",
         "--job-dir",
         "$HPCLAUNCH_JOB_DIR",
     ]
@@ -93,7 +95,7 @@ def test_launch_line_supervisor_srun_agent_training() -> None:
     agent = argv[argv.index("agent") :]
     assert agent == [
         "agent", "--nnodes", "2:4", "--nproc-per-node", "8", "--rdzv", "c10d",
-        "--max-restarts", "5", "--", "train.py", "--lr", "3e-4",
+        "--max-restarts", "5", "--grace-period", "90", "--", "train.py", "--lr", "3e-4",
     ]  # fmt: skip
     assert "#SBATCH --nodes=2-4" in render(job)
 
@@ -258,3 +260,11 @@ def test_percent_in_log_dir_is_not_a_slurm_pattern() -> None:
     script = render(JobSpec("t.py", log_dir="logs%j/"))
     assert "#SBATCH --output=logs%%j/%x-%j.out" in script
     assert 'export HPCLAUNCH_JOB_DIR="$SLURM_SUBMIT_DIR"/logs%j/"$SLURM_JOB_ID"' in script
+
+
+def test_grace_periods_follow_the_signal_lead() -> None:
+    argv = launch_words(render(JobSpec("t.py", signal_lead_s=40)))
+    assert argv[argv.index("supervise") :].index("--grace-period") > 0
+    supervisor_grace = argv[argv.index("--grace-period") + 1]
+    agent = argv[argv.index("agent") :]
+    assert (supervisor_grace, agent[agent.index("--grace-period") + 1]) == ("40", "30")

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.requeue import Action, Decision, History, Reason, Situation, decide, finish
+from hpclaunch.requeue import (
+    Action,
+    Decision,
+    History,
+    HistoryError,
+    Reason,
+    Situation,
+    decide,
+    finish,
+)
 from hpclaunch.slurm import parse_show_job
 
 S, D = Situation, Decision
@@ -22,8 +31,12 @@ USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)
         (S(138, USR1, 0, None, 3), D(Action.REQUEUE, Reason.TIME_LIMIT, 0)),
         (S(138, int(signal.SIGUSR2), 2, None, 3), D(Action.REQUEUE, Reason.TIME_LIMIT, 0)),
         (S(138, USR1, 3, None, 3), D(Action.GIVE_UP, Reason.OVER_BUDGET, 4)),
-        # SIGTERM: SLURM requeues when its Restarts went up, else a cancellation
+        # the step ended by itself after the warning: its own result, no requeue
+        (S(0, USR1, 0, None, 3), D(Action.NONE, Reason.COMPLETED, 0)),
+        (S(1, USR1, 0, None, 3), D(Action.NONE, Reason.FAILED, 1)),
+        # SLURM requeues when its Restarts went up, whatever came first
         (S(143, TERM, 0, 1, 3), D(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)),
+        (S(138, USR1, 0, 1, 3), D(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)),
         (S(143, TERM, 1, 1, 3), D(Action.NONE, Reason.CANCELLED, 143)),
         (S(143, TERM, 0, None, 3), D(Action.NONE, Reason.CANCELLED, 143)),
         # no signal: the step's own result
@@ -49,9 +62,10 @@ def test_history_round_trip(tmp_path: Path) -> None:
     runs = [(r["requeue_count"], r["nodes"], r["first_signal"], r["action"]) for r in data["runs"]]
     assert runs == [(0, "n[1-2]", "SIGUSR1", "requeue"), (1, "n[2-3]", None, None)]
     assert [p.name for p in tmp_path.iterdir()] == ["history.json"]
-    (tmp_path / "history.json").write_text("{")
-    with pytest.raises(ValueError, match=r"history\.json is not valid JSON"):
-        History.load(tmp_path, 12, 3)
+    for broken in ("{", "[]", '{"runs": [{"surprise": 1}]}'):
+        (tmp_path / "history.json").write_text(broken)
+        with pytest.raises(HistoryError, match=r"history\.json is not a history .* move it aside"):
+            History.load(tmp_path, 12, 3)
 
 
 def test_parse_show_job() -> None:
