@@ -233,9 +233,9 @@ def load_latest(
     if dist.is_available() and dist.is_initialized():
         # Every rank loads the step rank 0 found: directory listings on a shared
         # filesystem can lag, and ranks resuming from different steps diverge.
-        chosen = [found.step if found is not None else -1]
-        dist.broadcast_object_list(chosen, src=0)
-        step = int(chosen[0])
+        chosen = torch.tensor([found.step if found is not None else -1], device=_device())
+        dist.broadcast(chosen, src=0)
+        step = int(chosen.item())
         found = None if step < 0 else Checkpoint(step, path_for(directory(folder), step))
     if found is None:
         return None
@@ -279,9 +279,16 @@ class Preemption:
 
         if not (dist.is_available() and dist.is_initialized()):
             return self.requested
-        device = torch.device("cpu")
-        if dist.get_backend() == "nccl":  # NCCL reduces on this worker's GPU
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
+
+
+def _device() -> Any:
+    """Where this worker's collectives run: its GPU (LOCAL_RANK) with NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
