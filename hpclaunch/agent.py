@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpclaunch import joblogs
+from hpclaunch import failures, joblogs
 from hpclaunch.context import ContextError, NodeContext, RankOrder, parse_topology
 from hpclaunch.errors import SlurmError
 from hpclaunch.slurm import Slurm
@@ -178,15 +178,25 @@ def launch(
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from hpclaunch.rendezvous import ranked_c10d
-    from hpclaunch.rendezvous.rank_logs import RankLogs
+    from hpclaunch.elastic import ranked_c10d, recording_agent
+    from hpclaunch.elastic.rank_logs import RankLogs
 
     ranked_c10d.register()
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
     os.environ.update(worker_env(ctx, opts.rdzv))
     command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
-    logs = RankLogs(job_folder(ctx, opts, env), ctx.restart_count, ctx.step_id, tee=opts.tee)
+    job = job_folder(ctx, opts, env)
+    logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee)
+
+    def record(result: Any) -> None:
+        attempt = int(os.environ.get(joblogs.ATTEMPT_VAR, "0"))
+        failed = _failures(result.failures, logs.folder)
+        path = failures.write(job, failures.record_of(
+            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
+        log.info("attempt %d failed; record in %s", attempt, path)
+
+    recording_agent.install(record)
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
@@ -209,19 +219,22 @@ def launch(
     return 0
 
 
-def _root_cause(exc: Any, ctx: NodeContext, opts: AgentOptions, folder: Path | None) -> str:
-    """hpclaunch's root-cause block from torch's ChildFailedError; ``folder`` holds
-    the failed attempt's rank logs."""
-    failures = [
+def _failures(by_rank: Mapping[int, Any], folder: Path | None) -> list[joblogs.Failure]:
+    """torch's ProcessFailures as joblogs.Failure; ``folder`` holds the attempt's logs."""
+    return [
         joblogs.Failure(
             rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, pid=f.pid,
             timestamp=f.timestamp,
             error_file=str(joblogs.rank_file(folder, rank, "json")) if folder else "",
             stderr_file=str(joblogs.rank_file(folder, rank, "err")) if folder else "",
         )
-        for rank, f in exc.failures.items()
+        for rank, f in by_rank.items()
     ]  # fmt: skip
+
+
+def _root_cause(exc: Any, ctx: NodeContext, opts: AgentOptions, folder: Path | None) -> str:
+    """hpclaunch's root-cause block from torch's ChildFailedError."""
     return joblogs.root_cause_block(
-        failures, job_id=ctx.job_id, host=ctx.hostname, node_rank=ctx.node_rank,
-        command=worker_command(opts),
+        _failures(exc.failures, folder), job_id=ctx.job_id, host=ctx.hostname,
+        node_rank=ctx.node_rank, command=worker_command(opts),
     )  # fmt: skip

@@ -304,11 +304,18 @@ def sbatch(
     show_default=True,
     help="Seconds the step gets to end after a signal before srun is killed.",
 )
+@click.option(
+    "--max-failure-requeues",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Requeues without bad nodes the job gets (preemptions and time limits do not count).",
+)
 @click.argument("step", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
 def supervise(
     obj: CliContext, /, max_requeues: int, job_dir: Path | None, grace_period: float,
-    step: tuple[str, ...],
+    max_failure_requeues: int, step: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Run STEP (the srun line) as the batch step, passing SLURM's signals on.
 
@@ -330,7 +337,7 @@ def supervise(
     try:
         status = run_supervised(
             step, env=obj.env, slurm=obj.slurm, job_dir=job_dir, max_requeues=max_requeues,
-            grace_s=grace_period,
+            grace_s=grace_period, max_failure_requeues=max_failure_requeues,
         )  # fmt: skip
     except HpclaunchError as exc:
         fail(exc)

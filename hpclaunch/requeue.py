@@ -20,6 +20,7 @@ from typing import Any
 
 from hpclaunch.checkpoint import write_atomic
 from hpclaunch.errors import ExitCode, HpclaunchError
+from hpclaunch.failures import Finding, Verdict
 
 HISTORY_FILE = "history.json"
 
@@ -31,6 +32,8 @@ class Reason(enum.Enum):
     REQUEUED_BY_SLURM = "requeued by SLURM"  # scontrol requeue, preemption, a lost node
     CANCELLED = "cancelled"  # scancel, or the time limit itself
     OVER_BUDGET = "over the requeue budget"
+    BAD_NODES = "bad nodes"  # some nodes' workers failed with errors of their own
+    BUG = "the same error on every node"  # a bug in the script: no requeue helps
 
 
 class Action(enum.Enum):
@@ -43,6 +46,8 @@ class Action(enum.Enum):
 
 # The supervisor's exit status when a requeue was due and --max-requeues is spent.
 GAVE_UP_STATUS = int(ExitCode.GAVE_UP)
+# Requeues for bad nodes a job gets (preemptions and time limits do not count).
+DEFAULT_MAX_FAILURE_REQUEUES = 2
 WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -56,6 +61,9 @@ class Situation:
     requeue_count: int  # SLURM_RESTART_COUNT of this run
     slurm_restarts: int | None  # the job's Restarts in scontrol now (None: not asked)
     max_requeues: int
+    finding: Finding | None = None  # what the failure records say (failed steps)
+    failure_requeues: int = 0  # requeues for bad nodes so far
+    max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class Decision:
     action: Action
     reason: Reason
     exit_status: int
+    exclude: tuple[str, ...] = ()  # nodes to keep out of the next run
 
 
 # Step statuses that mean "stopped by a signal" (128 + N), as the agents and srun
@@ -74,8 +83,9 @@ STOPPED_STATUSES = frozenset(128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_
 def decide(s: Situation) -> Decision:
     """The policy. SLURM's own requeues are left to SLURM; a step stopped by the
     time-limit warning leads to one requeue by the supervisor while the budget lasts;
-    a step that ended by itself ends the job with its status, even after a signal;
-    cancellations end the job (failure-driven requeues are not in this version)."""
+    cancellations end the job; a step that failed by itself is requeued without its
+    bad nodes while both budgets last, and ends the job when the failure records show
+    a bug (or say nothing)."""
     if s.slurm_restarts is not None and s.slurm_restarts > s.requeue_count:
         return Decision(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)
     stopped = s.first_signal is not None and s.status in STOPPED_STATUSES
@@ -87,6 +97,13 @@ def decide(s: Situation) -> Decision:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
     if s.status == 0:
         return Decision(Action.NONE, Reason.COMPLETED, 0)
+    if s.finding is not None and s.finding.verdict is Verdict.BUG:
+        return Decision(Action.NONE, Reason.BUG, s.status)
+    if s.finding is not None and s.finding.verdict is Verdict.BAD_NODES:
+        spent = s.failure_requeues >= s.max_failure_requeues or s.requeue_count >= s.max_requeues
+        if spent:
+            return Decision(Action.GIVE_UP, Reason.BAD_NODES, GAVE_UP_STATUS, s.finding.nodes)
+        return Decision(Action.REQUEUE, Reason.BAD_NODES, 0, s.finding.nodes)
     return Decision(Action.NONE, Reason.FAILED, s.status)
 
 
@@ -113,6 +130,7 @@ class Run:
     first_signal: str | None = None
     reason: str | None = None
     action: str | None = None
+    excluded: list[str] = field(default_factory=list)  # nodes kept out of the next run
 
 
 @dataclass
@@ -122,6 +140,18 @@ class History:
     job_id: int
     max_requeues: int
     runs: list[Run] = field(default_factory=list)
+
+    @property
+    def excluded_nodes(self) -> list[str]:
+        """Every node any run kept out, in order."""
+        return list(dict.fromkeys(node for run in self.runs for node in run.excluded))
+
+    @property
+    def failure_requeues(self) -> int:
+        return sum(
+            1 for r in self.runs if r.reason == Reason.BAD_NODES.value
+            and r.action == Action.REQUEUE.value
+        )  # fmt: skip
 
     @property
     def requeues(self) -> int:
@@ -149,6 +179,7 @@ class History:
             "job_id": self.job_id,
             "max_requeues": self.max_requeues,
             "requeues": self.requeues,
+            "excluded_nodes": self.excluded_nodes,
             "runs": [asdict(run) for run in self.runs],
         }
 
@@ -175,3 +206,4 @@ def finish(run: Run, status: int | None, first_signal: int | None, decision: Dec
     run.first_signal = signal.Signals(first_signal).name if first_signal else None
     run.reason = decision.reason.value
     run.action = decision.action.value
+    run.excluded = list(decision.exclude) if decision.action is Action.REQUEUE else []

@@ -201,6 +201,11 @@ class Slurm:
         again (same job id, SLURM_RESTART_COUNT one higher). Raises SlurmError."""
         self._run(("scontrol", "requeue", str(job_id)))
 
+    def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
+        """``scontrol update JobId=JOBID ExcNodeList=...``: keep ``nodes`` out of the
+        job's next allocation (while it is pending). Raises SlurmError."""
+        self._run(("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"))
+
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         """``scontrol update NodeName=NAME State=STATE [Reason=...]``. Raises SlurmError."""
         argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]

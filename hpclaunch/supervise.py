@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from hpclaunch import requeue
+from hpclaunch import failures, requeue
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
+from hpclaunch.hostlist import HostlistError, expand
 from hpclaunch.slurm import Slurm
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ def supervise(
     job_dir: Path | None,
     max_requeues: int,
     grace_s: float = DEFAULT_GRACE_S,
+    max_failure_requeues: int = requeue.DEFAULT_MAX_FAILURE_REQUEUES,
 ) -> int:
     """The batch step: run the step, then requeue, give up or end as the policy says.
     Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
@@ -157,16 +159,27 @@ def supervise(
             history.save(job_dir)
         result = run_step(argv, forwarder, grace_s)
         restarts = _slurm_restarts(slurm, job_id) if result.signals else None
+        finding = None
+        if result.status != 0 and not result.signals and job_dir is not None:
+            finding = failures.classify(failures.read(job_dir, requeue_count), _step_nodes(env))
+            log.info("supervisor: failure records: %s %s", finding.verdict.value,
+                     " ".join(finding.nodes))  # fmt: skip
         decision = requeue.decide(
             requeue.Situation(
-                result.status, result.first_signal, requeue_count, restarts, max_requeues
+                result.status, result.first_signal, requeue_count, restarts, max_requeues,
+                finding, history.failure_requeues if history else 0, max_failure_requeues,
             )
-        )
+        )  # fmt: skip
         if decision.action is requeue.Action.REQUEUE:
-            log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)",
-                     decision.reason.value, requeue_count + 1, max_requeues)  # fmt: skip
+            log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
+                     decision.reason.value, requeue_count + 1, max_requeues,
+                     f" without {','.join(decision.exclude)}" if decision.exclude else "",
+                     )  # fmt: skip
             try:
                 slurm.requeue(job_id)
+                if decision.exclude:
+                    before = history.excluded_nodes if history else []
+                    slurm.exclude_nodes(job_id, list(dict.fromkeys([*before, *decision.exclude])))
             except SlurmError as exc:
                 log.error("supervisor: scontrol requeue failed, so the job ends: %s", exc)
                 failed = requeue.Decision(
@@ -185,6 +198,13 @@ def supervise(
             log.info("supervisor: job %s", decision.reason.value)
         record(result.status, result.first_signal, decision)
         return decision.exit_status
+
+
+def _step_nodes(env: Mapping[str, str]) -> list[str]:
+    try:
+        return expand(env.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError:
+        return []
 
 
 def _slurm_restarts(slurm: Slurm, job_id: int) -> int | None:

@@ -70,7 +70,13 @@ class Job:
         return self.fields()["JobState"]
 
 
-def submit(sandbox: Running, folder: Path, *args: str, partition: str | None = None) -> Job:
+def submit(
+    sandbox: Running,
+    folder: Path,
+    *args: str,
+    partition: str | None = None,
+    options: tuple[str, ...] = (),
+) -> Job:
     env = dict(sandbox.env)
     env["PATH"] = f"{VENV_BIN}:{env['PATH']}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -78,7 +84,8 @@ def submit(sandbox: Running, folder: Path, *args: str, partition: str | None = N
     extra = ["--partition", partition] if partition else []
     result = subprocess.run(
         [str(VENV_BIN / "hpclaunch"), "sbatch", "--log-dir", "logs", "--nodes", "2",
-         "--nproc-per-node", "2", "--gpus-per-node", "0", *extra, "train.py", *STEPS, *args],
+         "--nproc-per-node", "2", "--gpus-per-node", "0", *extra, *options, "train.py", *STEPS,
+         *args],
         cwd=folder, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -162,11 +169,28 @@ def test_a_lost_node_requeues_the_job_onto_the_others(
     assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 5
 
 
+def test_a_bad_node_is_kept_out_of_the_requeued_job(
+    sandbox: Running, tmp_path: Path, uninterrupted: str
+) -> None:
+    bad = "n2"  # its workers exit 4 at their first step, as on a broken GPU
+    job = submit(sandbox, tmp_path, "--bad-node", bad, options=("--max-restarts", "1"))
+    assert job.wait_end() == "COMPLETED", job.log
+    runs = json.loads((job.job_dir / "history.json").read_text())
+    first, second = (expand(run["nodes"]) for run in runs["runs"])
+    assert bad in first, f"SLURM did not give the job {bad} first: {first}"
+    assert bad not in second
+    assert job.history() == [(0, "bad nodes", "requeue"), (1, "completed", "none")]
+    assert runs["excluded_nodes"] == [bad]
+    assert job.fields()["ExcNodeList"] == bad and job.fields()["Restarts"] == "1"
+    assert digest_of(job) == uninterrupted
+    assert "supervisor: failure records: errors on some nodes only n2" in job.log
+
+
 def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_path: Path) -> None:
     job = submit(sandbox, tmp_path, "--fail-at", "3")
     assert job.wait_end() == "FAILED"
     assert job.fields()["Restarts"] == "0"
-    assert job.history() == [(0, "failed", "none")]
+    assert job.history() == [(0, "the same error on every node", "none")]
     assert "ValueError: bad value at step 3" in job.log
     assert "root cause: rank" in job.log
 

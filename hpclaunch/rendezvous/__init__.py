@@ -1,1 +1,0 @@
-"""Rendezvous settings and backends for torch's elastic agent (imports torch)."""
