@@ -175,11 +175,9 @@ def supervise(
                      decision.reason.value, requeue_count + 1, max_requeues,
                      f" without {','.join(decision.exclude)}" if decision.exclude else "",
                      )  # fmt: skip
+            excluded = [*(history.excluded_nodes if history else []), *decision.exclude]
             try:
-                slurm.requeue(job_id)
-                if decision.exclude:
-                    before = history.excluded_nodes if history else []
-                    slurm.exclude_nodes(job_id, list(dict.fromkeys([*before, *decision.exclude])))
+                _requeue(slurm, job_id, list(dict.fromkeys(excluded)))
             except SlurmError as exc:
                 log.error("supervisor: scontrol requeue failed, so the job ends: %s", exc)
                 failed = requeue.Decision(
@@ -198,6 +196,20 @@ def supervise(
             log.info("supervisor: job %s", decision.reason.value)
         record(result.status, result.first_signal, decision)
         return decision.exit_status
+
+
+def _requeue(slurm: Slurm, job_id: int, excluded: Sequence[str]) -> None:
+    """``scontrol requeue``, then keep ``excluded`` out of the next run. SLURM answers
+    a requeue with SIGTERM to every process of the job, these scontrol calls included:
+    they inherit an ignored SIGTERM and finish. (The exclusion can only be set once the
+    job is pending again.) Raises SlurmError."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        slurm.requeue(job_id)
+        if excluded:
+            slurm.exclude_nodes(job_id, excluded)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _step_nodes(env: Mapping[str, str]) -> list[str]:
