@@ -186,6 +186,25 @@ def test_a_bad_node_is_kept_out_of_the_requeued_job(
     assert "supervisor: failure records: errors on some nodes only n2" in job.log
 
 
+@pytest.mark.slow
+def test_a_real_time_limit_warning_requeues_and_resumes(sandbox: Running, tmp_path: Path) -> None:
+    """SLURM's own warning (--signal=B:USR1@60 in a 2-minute job), which comes up to
+    a minute early; the training needs about 75 s, so at least one run is cut short."""
+    steps = ("--steps", "500", "--checkpoint-every", "25")
+    reference = submit(sandbox, tmp_path / "reference", *steps, "--step-time", "0")
+    assert reference.wait_end() == "COMPLETED", reference.log
+    job = submit(sandbox, tmp_path / "limited", *steps, "--step-time", "0.15",
+                 options=("--time", "2", "--signal-lead", "60"))  # fmt: skip
+    wait_for(lambda: job.fields()["JobState"] in ENDED, timeout_s=600, what=f"job {job.id}")
+    assert job.wait_end() == "COMPLETED", job.log
+    assert digest_of(job) == digest_of(reference)
+    history = job.history()
+    assert len(history) >= 2 and history[-1] == (len(history) - 1, "completed", "none")
+    assert all(run[1:] == ("time limit", "requeue") for run in history[:-1])
+    starts = job.lines("START")
+    assert [int(str(s["step"])) > 0 for s in starts] == [False] + [True] * (len(starts) - 1)
+
+
 def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_path: Path) -> None:
     job = submit(sandbox, tmp_path, "--fail-at", "3")
     assert job.wait_end() == "FAILED"
