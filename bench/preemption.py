@@ -32,6 +32,7 @@ from pathlib import Path
 from hpclaunch.sandbox.cluster import Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
+from hpclaunch.slurm import parse_show_job
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
@@ -40,7 +41,7 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 def fields(job: int, env: dict[str, str]) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", str(job)], env=env, capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
-    return {k: v for k, _, v in (w.partition("=") for w in out.split()) if k}
+    return parse_show_job(out)
 
 
 def wait(condition: Callable[[], bool], timeout_s: float = 300) -> None:

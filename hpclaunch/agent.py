@@ -205,7 +205,13 @@ def launch(
     try:
         elastic_launch(LaunchConfig(**settings, logs_specs=logs), command)(*args)
     except ChildFailedError as exc:
-        print(_root_cause(exc, ctx, opts, logs.folder), file=sys.stderr, flush=True)
+        block = _root_cause(exc, ctx, opts, logs.folder)
+        if env.get(failures.SUPERVISED_VAR) == "1":
+            # The supervisor prints one block for the whole job, from the right node.
+            path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
+            log.error("workers failed for good; root-cause block in %s", path)
+        else:
+            print(block, file=sys.stderr, flush=True)
         return 1
     except RendezvousClosedError:
         log.error(

@@ -106,6 +106,31 @@ def read(job_dir: Path, requeue_count: int) -> list[NodeRecord]:
     return out
 
 
+SUPERVISED_VAR = "HPCLAUNCH_SUPERVISED"  # set by the supervisor for the agents of its step
+
+
+def block_path(job_dir: Path, requeue_count: int, node: str) -> Path:
+    """Where a supervised agent leaves its root-cause block for the supervisor."""
+    return folder(job_dir, requeue_count) / f"root-cause-{node}.txt"
+
+
+def write_block(job_dir: Path, requeue_count: int, node: str, block: str) -> Path:
+    path = block_path(job_dir, requeue_count, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (block + "\n").encode()
+    write_atomic(path, lambda handle: handle.write(data), replace=True)
+    return path
+
+
+def culprit(records: Sequence[NodeRecord], finding: Finding) -> str | None:
+    """The node whose root-cause block tells the story: the first bad node, else the
+    node with the earliest error of its own."""
+    if finding.nodes:
+        return finding.nodes[0]
+    own = [r for r in records if r.own_errors]
+    return min(own, key=lambda r: (r.attempt, r.time)).node if own else None
+
+
 class Verdict(enum.Enum):
     BUG = "the same error on every node"
     BAD_NODES = "errors on some nodes only"

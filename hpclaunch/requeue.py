@@ -64,6 +64,7 @@ class Situation:
     finding: Finding | None = None  # what the failure records say (failed steps)
     failure_requeues: int = 0  # requeues for bad nodes so far
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
+    earlier_errors: tuple[str, ...] = ()  # the errors that got nodes excluded before
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ def decide(s: Situation) -> Decision:
         return Decision(Action.NONE, Reason.COMPLETED, 0)
     if s.finding is not None and s.finding.verdict is Verdict.BUG:
         return Decision(Action.NONE, Reason.BUG, s.status)
+    if (
+        s.finding is not None
+        and s.finding.verdict is Verdict.BAD_NODES
+        and s.finding.message in s.earlier_errors
+    ):
+        # The error followed its rank onto other nodes: the script, not the node.
+        return Decision(Action.NONE, Reason.BUG, s.status)
     if s.finding is not None and s.finding.verdict is Verdict.BAD_NODES:
         spent = s.failure_requeues >= s.max_failure_requeues or s.requeue_count >= s.max_requeues
         if spent:
@@ -131,6 +139,7 @@ class Run:
     reason: str | None = None
     action: str | None = None
     excluded: list[str] = field(default_factory=list)  # nodes kept out of the next run
+    error: str | None = None  # the error the failure records showed
 
 
 @dataclass
@@ -145,6 +154,11 @@ class History:
     def excluded_nodes(self) -> list[str]:
         """Every node any run kept out, in order."""
         return list(dict.fromkeys(node for run in self.runs for node in run.excluded))
+
+    @property
+    def exclusion_errors(self) -> tuple[str, ...]:
+        """The errors for which earlier runs kept nodes out."""
+        return tuple(r.error for r in self.runs if r.excluded and r.error)
 
     @property
     def failure_requeues(self) -> int:
@@ -199,8 +213,15 @@ class HistoryError(HpclaunchError):
     """history.json exists but cannot be read; the message names it and the fix."""
 
 
-def finish(run: Run, status: int | None, first_signal: int | None, decision: Decision) -> None:
+def finish(
+    run: Run,
+    status: int | None,
+    first_signal: int | None,
+    decision: Decision,
+    error: str | None = None,
+) -> None:
     """Record how ``run`` ended (``status`` None: no step ran)."""
+    run.error = error
     run.ended = time.time()
     run.step_status = status
     run.first_signal = signal.Signals(first_signal).name if first_signal else None

@@ -12,8 +12,10 @@ waits for the step to end (the workers checkpoint and exit), and then acts as
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -93,7 +95,7 @@ def run_step(
     first signal the step gets ``grace_s`` seconds to end; then srun is killed (SLURM
     cleans up the tasks). Raises StepNotFound."""
     try:
-        child = subprocess.Popen(list(argv))
+        child = subprocess.Popen(list(argv), env={**os.environ, failures.SUPERVISED_VAR: "1"})
     except FileNotFoundError:
         raise StepNotFound(
             f"{argv[0]!r} is not on PATH in the batch step; this must run inside a SLURM "
@@ -142,9 +144,12 @@ def supervise(
             history = requeue.History.load(job_dir, job_id, max_requeues)
         run = history.start(env, requeue_count) if history is not None else None
 
+        finding: failures.Finding | None = None
+
         def record(status: int | None, first_signal: int | None, d: requeue.Decision) -> None:
             if history is not None and run is not None and job_dir is not None:
-                requeue.finish(run, status, first_signal, d)
+                error = finding.message if finding is not None and finding.message else None
+                requeue.finish(run, status, first_signal, d, error)
                 history.save(job_dir)
 
         if requeue.over_budget(requeue_count, max_requeues):
@@ -159,7 +164,6 @@ def supervise(
             history.save(job_dir)
         result = run_step(argv, forwarder, grace_s)
         restarts = _slurm_restarts(slurm, job_id) if result.signals else None
-        finding = None
         if result.status != 0 and not result.signals and job_dir is not None:
             finding = failures.classify(failures.read(job_dir, requeue_count), _step_nodes(env))
             log.info("supervisor: failure records: %s %s", finding.verdict.value,
@@ -168,6 +172,7 @@ def supervise(
             requeue.Situation(
                 result.status, result.first_signal, requeue_count, restarts, max_requeues,
                 finding, history.failure_requeues if history else 0, max_failure_requeues,
+                history.exclusion_errors if history else (),
             )
         )  # fmt: skip
         if decision.action is requeue.Action.REQUEUE:
@@ -210,6 +215,21 @@ def _requeue(slurm: Slurm, job_id: int, excluded: Sequence[str]) -> None:
             slurm.exclude_nodes(job_id, excluded)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> None:
+    """One root-cause block for the job: the one ``node``'s agent left, else any
+    (srun may have stopped that node's agent before it gave up)."""
+    first = [failures.block_path(job_dir, requeue_count, node)] if node else []
+    others = sorted(failures.folder(job_dir, requeue_count).glob("root-cause-*.txt"))
+    for path in [*first, *others]:
+        try:
+            block = path.read_text()
+        except OSError:
+            continue
+        sys.stderr.write(block)
+        sys.stderr.flush()
+        return
 
 
 def _step_nodes(env: Mapping[str, str]) -> list[str]:

@@ -96,12 +96,15 @@ def test_sbatch_job_runs_every_rank(sandbox: Running, tmp_path: Path, nodes: int
 
 
 def test_failing_script_fails_the_job_with_its_root_cause(sandbox: Running, tmp_path: Path) -> None:
+    # One rank's error looks like a bad node to the supervisor; --max-requeues 0 makes
+    # it give up at once instead of trying the job without that node.
     job_id, env = submit(
         sandbox, tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "0",
-        "allreduce.py", "--fail-rank", "3",
+        "--max-requeues", "0", "allreduce.py", "--fail-rank", "3",
     )  # fmt: skip
     assert finished(env, job_id) == "FAILED"
     log = (tmp_path / "logs" / f"allreduce-{job_id}.out").read_text()
+    assert log.count(f"hpclaunch: job {job_id} failed on node") == 1  # printed once
     block = log[log.index(f"hpclaunch: job {job_id} failed on node 1") :]
     block = block[: block.index("=" * 72)]
     rank_logs = tmp_path / "logs" / str(job_id) / "logs" / "requeue-0" / "step-0" / "attempt-0"

@@ -15,6 +15,7 @@ import pytest
 from hpclaunch.hostlist import expand
 from hpclaunch.sandbox import procs
 from hpclaunch.sandbox.cluster import NodeAction
+from hpclaunch.slurm import parse_show_job
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
 
@@ -45,7 +46,7 @@ class Job:
             ["scontrol", "show", "job", str(self.id)],
             env=self.env, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-        return {k: v for k, _, v in (w.partition("=") for w in out.split()) if k}
+        return parse_show_job(out)
 
     def lines(self, kind: str) -> list[dict[str, object]]:
         return [
@@ -184,6 +185,7 @@ def test_a_bad_node_is_kept_out_of_the_requeued_job(
     assert job.fields()["ExcNodeList"] == bad and job.fields()["Restarts"] == "1"
     assert digest_of(job) == uninterrupted
     assert "supervisor: failure records: errors on some nodes only n2" in job.log
+    assert job.log.count(f"hpclaunch: job {job.id} failed on node 1 (n2)") == 1
 
 
 @pytest.mark.slow
@@ -211,7 +213,7 @@ def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_p
     assert job.fields()["Restarts"] == "0"
     assert job.history() == [(0, "the same error on every node", "none")]
     assert "ValueError: bad value at step 3" in job.log
-    assert "root cause: rank" in job.log
+    assert job.log.count("root cause: rank") == 1  # one block for the job, not one per node
 
 
 def test_scancel_never_requeues(sandbox: Running, tmp_path: Path) -> None:

@@ -72,3 +72,9 @@ def test_decide_with_findings() -> None:
     assert decide(Situation(143, None, 0, None, 3, bug)) == Decision(Action.NONE, Reason.BUG, 143)
     unknown = Situation(1, None, 0, None, 3, Finding(Verdict.UNKNOWN))
     assert decide(unknown) == Decision(Action.NONE, Reason.FAILED, 1)
+
+
+def test_an_error_that_follows_its_rank_is_a_bug() -> None:
+    bad = Finding(Verdict.BAD_NODES, ("n3",), BUG)
+    again = Situation(1, None, 1, None, 3, bad, failure_requeues=1, earlier_errors=(BUG,))
+    assert decide(again) == Decision(Action.NONE, Reason.BUG, 1)
