@@ -148,23 +148,18 @@ def classify(records: Sequence[NodeRecord], step_nodes: Sequence[str]) -> Findin
     """What the failure records of a failed step say.
 
     A node *erred* when one of its workers failed with an error of its own (not a
-    symptom of a lost peer) in any attempt. If every node of the step erred, or all
-    that erred did so with one and the same message and the others left no record
-    (srun stopped them first), it is a bug in the script. If some nodes erred and
-    others saw only symptoms, the erring nodes are bad."""
+    symptom of a lost peer) in any attempt. Every node of the step erred: a bug in
+    the script. Some nodes erred: those are bad; the others saw only symptoms, or no
+    failure at all (torch's agent stops a node's workers for a new round before they
+    fail). A bug whose other records were lost (srun stopped their agents first) looks
+    like bad nodes once; the supervisor then sees the error follow its rank."""
     erred: dict[str, list[str]] = {}
-    seen: set[str] = set()
     for record in sorted(records, key=lambda r: (r.attempt, r.time)):
-        seen.add(record.node)
         for worker in record.own_errors:
             erred.setdefault(record.node, []).append(worker.message)
     if not erred:
         return Finding(Verdict.UNKNOWN)
-    messages = {m for msgs in erred.values() for m in msgs}
     first = next(iter(erred.values()))[0]
-    symptom_only = seen - set(erred)
-    if set(erred) >= set(step_nodes) or (not symptom_only and len(messages) == 1):
+    if set(erred) >= set(step_nodes):
         return Finding(Verdict.BUG, message=first)
-    if not symptom_only:
-        return Finding(Verdict.UNKNOWN, message=first)
     return Finding(Verdict.BAD_NODES, tuple(sorted(erred)), first)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,11 +89,15 @@ def forwarding() -> Iterator[Forwarder]:
 
 
 def run_step(
-    argv: Sequence[str], forwarder: Forwarder, grace_s: float = DEFAULT_GRACE_S
+    argv: Sequence[str],
+    forwarder: Forwarder,
+    grace_s: float = DEFAULT_GRACE_S,
+    on_signal: Callable[[int], None] | None = None,
 ) -> StepResult:
     """Run ``argv`` (the srun step) with ``forwarder`` passing signals to it. After the
     first signal the step gets ``grace_s`` seconds to end; then srun is killed (SLURM
-    cleans up the tasks). Raises StepNotFound."""
+    cleans up the tasks). ``on_signal(first signal)`` runs once, outside the signal
+    handler, while the step is still ending. Raises StepNotFound."""
     try:
         child = subprocess.Popen(list(argv), env={**os.environ, failures.SUPERVISED_VAR: "1"})
     except FileNotFoundError:
@@ -103,12 +107,17 @@ def run_step(
         ) from None
     forwarder.attach(child)
     log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
-    returncode = _wait(child, forwarder.received, grace_s)
+    returncode = _wait(child, forwarder.received, grace_s, on_signal)
     log.info("supervisor: step ended with status %d", exit_status(returncode))
     return StepResult(exit_status(returncode), tuple(forwarder.received))
 
 
-def _wait(child: subprocess.Popen[bytes], received: list[int], grace_s: float) -> int:
+def _wait(
+    child: subprocess.Popen[bytes],
+    received: list[int],
+    grace_s: float,
+    on_signal: Callable[[int], None] | None,
+) -> int:
     deadline: float | None = None
     while True:
         try:
@@ -117,6 +126,8 @@ def _wait(child: subprocess.Popen[bytes], received: list[int], grace_s: float) -
             pass
         if received and deadline is None:
             deadline = time.monotonic() + grace_s
+            if on_signal is not None:
+                on_signal(received[0])
         if deadline is not None and time.monotonic() > deadline:
             log.warning("supervisor: step still running %.0f s after the signal; killing srun",
                         grace_s)  # fmt: skip
@@ -162,10 +173,24 @@ def supervise(
             return decision.exit_status
         if history is not None and job_dir is not None:
             history.save(job_dir)
-        result = run_step(argv, forwarder, grace_s)
+
+        def early(first_signal: int) -> None:
+            # SLURM kills this process KillWait seconds after its SIGTERM, maybe before
+            # the step has ended: record a requeue by SLURM at once.
+            if first_signal in requeue.STOP_SIGNALS:
+                restarts = _slurm_restarts(slurm, job_id)
+                if restarts is not None and restarts > requeue_count:
+                    by_slurm = requeue.Decision(
+                        requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0
+                    )
+                    record(None, first_signal, by_slurm)
+
+        result = run_step(argv, forwarder, grace_s, early)
         restarts = _slurm_restarts(slurm, job_id) if result.signals else None
         if result.status != 0 and not result.signals and job_dir is not None:
-            finding = failures.classify(failures.read(job_dir, requeue_count), _step_nodes(env))
+            records = failures.read(job_dir, requeue_count)
+            finding = failures.classify(records, _step_nodes(env))
+            _print_root_cause(job_dir, requeue_count, failures.culprit(records, finding))
             log.info("supervisor: failure records: %s %s", finding.verdict.value,
                      " ".join(finding.nodes))  # fmt: skip
         decision = requeue.decide(

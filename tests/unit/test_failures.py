@@ -32,8 +32,9 @@ def rec(node: str, attempt: int, *workers: tuple[int, int, str]) -> NodeRecord:
          Finding(Verdict.BAD_NODES, ("n2",), BAD)),
         # the same error on every node: a bug
         ([rec("n1", 0, (0, 1, BUG)), rec("n2", 0, (2, 1, BUG))], Finding(Verdict.BUG, (), BUG)),
-        # one node left a record before srun stopped the other: one message, still a bug
-        ([rec("n2", 0, (2, 1, BUG), (3, 1, BUG))], Finding(Verdict.BUG, (), BUG)),
+        # a node with errors and one with no record at all (stopped for the new round)
+        ([rec("n2", 0, (2, 4, BAD)), rec("n2", 1, (2, 4, BAD))],
+         Finding(Verdict.BAD_NODES, ("n2",), BAD)),
         # only symptoms: nothing to go on
         ([rec("n1", 0, (0, 1, PEER)), rec("n2", 0, (2, -int(signal.SIGTERM), "x"))],
          Finding(Verdict.UNKNOWN)),
