@@ -24,9 +24,11 @@ from hpclaunch.slurm import Slurm
 from hpclaunch.spec import (
     DEFAULT_GRACE_PERIOD_S,
     DEFAULT_LOG_DIR,
+    DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_SIGNAL_LEAD_S,
+    DEFAULT_SUPERVISOR_GRACE_S,
     EntryKind,
     Rendezvous,
 )
@@ -300,14 +302,14 @@ def sbatch(
 @click.option(
     "--grace-period",
     type=click.FloatRange(min=0),
-    default=90.0,
+    default=DEFAULT_SUPERVISOR_GRACE_S,
     show_default=True,
     help="Seconds the step gets to end after a signal before srun is killed.",
 )
 @click.option(
     "--max-failure-requeues",
     type=click.IntRange(min=0),
-    default=2,
+    default=DEFAULT_MAX_FAILURE_REQUEUES,
     show_default=True,
     help="Requeues without bad nodes the job gets (preemptions and time limits do not count).",
 )

@@ -21,6 +21,7 @@ from typing import Any
 from hpclaunch.checkpoint import write_atomic
 from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.failures import Finding, Verdict
+from hpclaunch.spec import DEFAULT_MAX_FAILURE_REQUEUES
 
 HISTORY_FILE = "history.json"
 
@@ -46,8 +47,6 @@ class Action(enum.Enum):
 
 # The supervisor's exit status when a requeue was due and --max-requeues is spent.
 GAVE_UP_STATUS = int(ExitCode.GAVE_UP)
-# Requeues for bad nodes a job gets (preemptions and time limits do not count).
-DEFAULT_MAX_FAILURE_REQUEUES = 2
 WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

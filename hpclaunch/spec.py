@@ -25,6 +25,10 @@ DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MAX_REQUEUES = 3
 # After the agent passes a signal on, how long the workers get to exit before SIGKILL.
 DEFAULT_GRACE_PERIOD_S = 30
+# How long the supervisor gives the step after a signal, unless the script sets it.
+DEFAULT_SUPERVISOR_GRACE_S = 90.0
+# Requeues without bad nodes a job gets (preemptions and time limits do not count).
+DEFAULT_MAX_FAILURE_REQUEUES = 2
 ONE_NODE = NodeRange(1, 1)
 # SLURM stores the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD_S = 0xFFFF

@@ -27,11 +27,11 @@ from hpclaunch import failures, requeue
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.hostlist import HostlistError, expand
 from hpclaunch.slurm import Slurm
+from hpclaunch.spec import DEFAULT_MAX_FAILURE_REQUEUES, DEFAULT_SUPERVISOR_GRACE_S
 
 log = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
-DEFAULT_GRACE_S = 90.0
 _POLL_S = 0.2
 
 
@@ -91,7 +91,7 @@ def forwarding() -> Iterator[Forwarder]:
 def run_step(
     argv: Sequence[str],
     forwarder: Forwarder,
-    grace_s: float = DEFAULT_GRACE_S,
+    grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
     on_signal: Callable[[int], None] | None = None,
 ) -> StepResult:
     """Run ``argv`` (the srun step) with ``forwarder`` passing signals to it. After the
@@ -142,8 +142,8 @@ def supervise(
     slurm: Slurm,
     job_dir: Path | None,
     max_requeues: int,
-    grace_s: float = DEFAULT_GRACE_S,
-    max_failure_requeues: int = requeue.DEFAULT_MAX_FAILURE_REQUEUES,
+    grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
+    max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES,
 ) -> int:
     """The batch step: run the step, then requeue, give up or end as the policy says.
     Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
