@@ -7,6 +7,7 @@ only by ``launch``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 from hpclaunch import failures, joblogs
 from hpclaunch.context import ContextError, NodeContext, RankOrder, parse_topology
 from hpclaunch.errors import SlurmError
+from hpclaunch.etcd.access import EtcdFlags
 from hpclaunch.slurm import Slurm
 from hpclaunch.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, Rendezvous
 from hpclaunch.values import NodeRange
@@ -31,6 +33,11 @@ log = logging.getLogger(__name__)
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 # What the agent puts before each line it copies from a worker's output (--tee).
 LINE_PREFIX = "[rank${rank}] "
+# etcd rendezvous: once MIN nodes are in, how long to wait for the rest (torch: 30 s);
+# heartbeats every ETCD_HEARTBEAT_S, a node missing ETCD_MISSED_HEARTBEATS of them is dead.
+ETCD_LAST_CALL_S = 3
+ETCD_HEARTBEAT_S = 2
+ETCD_MISSED_HEARTBEATS = 3
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class AgentOptions:
     job_dir: Path | None = None  # None: HPCLAUNCH_JOB_DIR, else LOG_DIR/JOBID
     tee: bool = True
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
+    etcd: EtcdFlags = dataclasses.field(default_factory=EtcdFlags)
 
 
 def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
@@ -93,13 +101,22 @@ def launch_settings(
     ctx: NodeContext, opts: AgentOptions, master_addr: str, local_addr: str
 ) -> dict[str, Any]:
     """The keyword arguments of torch's LaunchConfig for this node (pure)."""
-    if opts.rdzv is Rendezvous.ETCD:
-        raise ContextError("--rdzv etcd is not available in this version; use c10d or static")
     low, high = node_range(ctx, opts)
+    endpoint = f"{master_addr}:{ctx.master_port}"
+    configs: dict[str, Any]
     if opts.rdzv is Rendezvous.STATIC:
         if low != high:
             raise ContextError(f"static rendezvous needs a fixed node count, not {opts.nnodes}")
         backend, configs = "static", {"rank": ctx.node_rank}
+    elif opts.rdzv is Rendezvous.ETCD:
+        if not opts.etcd.endpoints:
+            raise ContextError("--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar")
+        backend, endpoint = "hpclaunch-etcd", ",".join(opts.etcd.endpoints)
+        configs = {
+            "node_rank": ctx.node_rank, "last_call_timeout": ETCD_LAST_CALL_S,
+            "keep_alive_interval": ETCD_HEARTBEAT_S,
+            "keep_alive_max_attempt": ETCD_MISSED_HEARTBEATS, **opts.etcd.rdzv_configs(),
+        }  # fmt: skip
     else:
         # The first node hosts the store and, by its descriptor's order, is rank 0.
         backend, configs = (
@@ -111,7 +128,7 @@ def launch_settings(
         "max_nodes": high,
         "nproc_per_node": ctx.nproc_per_node,
         "run_id": f"hpclaunch-{ctx.job_id}-{ctx.restart_count}",
-        "rdzv_endpoint": f"{master_addr}:{ctx.master_port}",
+        "rdzv_endpoint": endpoint,
         "rdzv_backend": backend,
         "rdzv_configs": configs,
         "max_restarts": opts.max_restarts,
@@ -154,6 +171,37 @@ def reachable_addr(host: str, slurm: Slurm) -> str:
         ) from None
 
 
+def etcd_sidecar(
+    ctx: NodeContext, opts: AgentOptions, master_addr: str, *, start: bool = True
+) -> tuple[AgentOptions, Any]:
+    """--etcd-sidecar: the first node starts the job's etcd server, the others wait
+    for it. Returns the options with its endpoint, and the server (first node only)
+    for the caller to stop. ``start=False`` (dry run) names the first candidate."""
+    from hpclaunch.etcd import sidecar
+
+    try:
+        ip = str(socket.getaddrinfo(master_addr, None, socket.AF_INET)[0][4][0])
+    except (socket.gaierror, IndexError):
+        raise ContextError(
+            f"the first node's address {master_addr!r} does not resolve to an IPv4 address "
+            "here, which the etcd sidecar listens on; pass --master-addr IP"
+        ) from None
+    name = sidecar.member_name(ctx.job_id, ctx.restart_count)
+    ports = sidecar.candidate_ports(ctx.job_id)
+    server = None
+    if not start:
+        endpoint = f"{ip}:{ports[0]}"
+    elif ctx.node_rank == 0:
+        setpriv = shutil.which("setpriv")
+        guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else None
+        server = sidecar.Sidecar.start(opts.etcd.binary, name, ip, ports, guard)
+        endpoint = server.endpoint
+    else:
+        endpoint = sidecar.find(ip, name, ports)
+    etcd = dataclasses.replace(opts.etcd, endpoints=(endpoint,))
+    return dataclasses.replace(opts, etcd=etcd), server
+
+
 def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:
     """The job folder the per-rank logs go under (see hpclaunch.joblogs)."""
     return opts.job_dir if opts.job_dir is not None else joblogs.job_dir(env, ctx.job_id)
@@ -175,13 +223,17 @@ def launch(
     """Run the workers through torch's elastic agent; return the exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousError,
+    )
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from hpclaunch.elastic import ranked_c10d, recording_agent
+    from hpclaunch.elastic import etcd_rdzv, ranked_c10d, recording_agent
     from hpclaunch.elastic.rank_logs import RankLogs
 
     ranked_c10d.register()
+    etcd_rdzv.register()
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
     os.environ.update(worker_env(ctx, opts.rdzv))
@@ -218,6 +270,12 @@ def launch(
             "another node's agent closed the rendezvous and ended; its log says why "
             "(a root-cause block when its workers failed)"
         )
+        return 1
+    except RendezvousError as exc:
+        log.error(
+            "rendezvous %s at %s failed: %s",
+            settings["rdzv_backend"], settings["rdzv_endpoint"], exc or type(exc).__name__,
+        )  # fmt: skip
         return 1
     except SignalException as exc:
         log.info("stopped by %s", exc.sigval.name)

@@ -20,6 +20,7 @@ import click
 
 from hpclaunch import __version__
 from hpclaunch.errors import ExitCode, HpclaunchError, SpecError
+from hpclaunch.etcd.access import EtcdFlags
 from hpclaunch.slurm import Slurm
 from hpclaunch.spec import (
     DEFAULT_GRACE_PERIOD_S,
@@ -105,6 +106,25 @@ def _types() -> dict[str, _SpecParam]:
 _T = _types()
 
 
+def _etcd_access_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """TLS and user options for an etcd of your own, shared by sbatch and agent.
+    No password option: it would land in the script and in ps."""
+    options = [
+        click.option(
+            "--etcd-binary", help="The etcd server for --etcd-sidecar. [default: etcd on PATH]"
+        ),
+        click.option("--etcd-cacert", help="CA certificate of the etcd server (turns on TLS)."),
+        click.option("--etcd-cert", help="Client certificate for etcd (with --etcd-key)."),
+        click.option("--etcd-key", help="Client certificate key for etcd."),
+        click.option("--etcd-user", help="etcd user; the password comes from --etcd-password-file "
+                     "or $HPCLAUNCH_ETCD_PASSWORD."),
+        click.option("--etcd-password-file", help="File whose first line is the etcd password."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpclaunch")
 @click.pass_context
@@ -176,6 +196,13 @@ def main(ctx: click.Context) -> None:
     is_flag=True,
     default=None,
     help="Start an etcd server on the first node for --rdzv etcd.",
+)
+@_etcd_access_options
+@click.option(
+    "--no-kill",
+    is_flag=True,
+    default=None,
+    help="Keep the job when a node is lost; with --nodes MIN:MAX it goes on on fewer nodes.",
 )
 @click.option(
     "--template",
@@ -358,6 +385,16 @@ def supervise(
     "--rdzv", type=click.Choice(["static", "c10d", "etcd"]), default="c10d", show_default=True
 )
 @click.option(
+    "--etcd-endpoint",
+    "etcd_endpoints",
+    type=_T["endpoints"],
+    help="etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
+)
+@click.option(
+    "--etcd-sidecar", is_flag=True, help="The first node starts an etcd server for the job."
+)
+@_etcd_access_options
+@click.option(
     "--max-restarts",
     type=click.IntRange(min=0),
     default=DEFAULT_MAX_RESTARTS,
@@ -422,6 +459,7 @@ def agent(
     module: bool,
     no_python: bool,
     dry_run: bool,
+    **etcd: Any,
 ) -> None:
     """Start this node's workers of SCRIPT [ARGS]... through torch's elastic agent.
 
@@ -438,13 +476,22 @@ def agent(
         nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
         master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
         job_dir=job_dir, tee=tee, grace_period_s=grace_period,
+        etcd=EtcdFlags(
+            endpoints=etcd.pop("etcd_endpoints") or (), sidecar=etcd.pop("etcd_sidecar"),
+            **{k.removeprefix("etcd_"): v for k, v in etcd.items()},
+        ),
     )  # fmt: skip
+    sidecar = None
     try:
         ctx = node_agent.context(obj.env, opts, obj.slurm)
         master = master_addr or node_agent.reachable_addr(ctx.first_host, obj.slurm)
         local = master if ctx.node_rank == 0 else node_agent.reachable_addr(ctx.hostname, obj.slurm)
+        if opts.etcd.sidecar:
+            opts, sidecar = node_agent.etcd_sidecar(ctx, opts, master, start=not dry_run)
         settings = node_agent.launch_settings(ctx, opts, master, local)
     except HpclaunchError as exc:
+        if sidecar is not None:
+            sidecar.stop()
         fail(exc)
     if dry_run:
         launcher, launcher_args = node_agent.guarded(
@@ -474,7 +521,12 @@ def agent(
         format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
         force=True,
     )
-    sys.exit(node_agent.launch(ctx, opts, settings, obj.env))
+    try:
+        status = node_agent.launch(ctx, opts, settings, obj.env)
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+    sys.exit(status)
 
 
 def _register_subcommands() -> None:

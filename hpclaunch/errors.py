@@ -77,3 +77,7 @@ class SandboxError(HpclaunchError):
 
 class SlurmNotFound(SlurmError):
     """A SLURM command is not on PATH: this is not a SLURM login node."""
+
+
+class EtcdError(HpclaunchError):
+    """etcd cannot be reached, refuses the credentials, or its server cannot start."""

@@ -154,6 +154,7 @@ def directives(spec: JobSpec) -> list[Shell]:
     out += [_option(k, str(v), sbatch_quote) for k, v in optional.items() if v is not None]
     out += [
         Shell("--requeue"),
+        *([Shell("--no-kill")] if spec.no_kill else []),
         Shell("--open-mode=append"),
         _option("signal", f"B:USR1@{spec.signal_lead_s}", sbatch_quote),
         # %% keeps a '%' of the folder name from being read as a SLURM pattern.
@@ -179,10 +180,7 @@ def agent_argv(spec: JobSpec) -> list[str]:
         "--grace-period",
         str(spec.agent_grace_s),
     ]
-    if spec.etcd_endpoints:
-        argv += ["--etcd-endpoint", ",".join(spec.etcd_endpoints)]
-    if spec.etcd_sidecar:
-        argv.append("--etcd-sidecar")
+    argv += spec.etcd_flags.argv()
     if spec.entry_kind is EntryKind.MODULE:
         argv.append("--module")
     elif spec.entry_kind is EntryKind.EXECUTABLE:
@@ -208,7 +206,8 @@ def context(spec: JobSpec) -> dict[str, Any]:
         Shell('--nodes="$SLURM_JOB_NUM_NODES"'),
         Shell('--ntasks="$SLURM_JOB_NUM_NODES"'),
         "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
+        # --no-kill: the step goes on without a lost node; the agents rendezvous again.
+        ["--no-kill", "--kill-on-bad-exit=0"] if spec.no_kill else ["--kill-on-bad-exit=1"],
         [f"--cpus-per-task={spec.cpus_per_task}"] if spec.cpus_per_task else [],
         [_option(k, v, shlex.quote) for k, v in spec.srun_options],
     )

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import PurePath
 
 from hpclaunch.errors import SpecError
+from hpclaunch.etcd.access import EtcdFlags
 from hpclaunch.values import NodeRange, format_time, parse_mem
 
 DEFAULT_LOG_DIR = "hpclaunch-logs"
@@ -79,6 +80,12 @@ MANAGED_SRUN_OPTIONS = frozenset(
 
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
+# JobSpec fields that only --rdzv etcd uses, and how profiles and messages spell them.
+_ETCD_KEYS = (
+    "etcd_endpoints", "etcd_sidecar", "etcd_binary", "etcd_cacert", "etcd_cert", "etcd_key",
+    "etcd_user", "etcd_password_file",
+)  # fmt: skip
+_PROFILE_KEY = {"etcd_endpoints": "etcd_endpoint"}
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
 
 
@@ -156,6 +163,13 @@ class JobSpec:
     rdzv: Rendezvous = Rendezvous.C10D
     etcd_endpoints: tuple[str, ...] = ()
     etcd_sidecar: bool = False
+    etcd_binary: str | None = None
+    etcd_cacert: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_file: str | None = None
+    no_kill: bool = False
     template: str | None = None
     gpu_directive: GpuDirective = GpuDirective.GPUS_PER_NODE
     sbatch_options: tuple[tuple[str, str | None], ...] = ()
@@ -163,6 +177,15 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     launcher: tuple[str, ...] = ("hpclaunch",)
+
+    @property
+    def etcd_flags(self) -> EtcdFlags:
+        """The etcd options as the agent takes them."""
+        return EtcdFlags(
+            endpoints=self.etcd_endpoints, sidecar=self.etcd_sidecar, binary=self.etcd_binary,
+            cacert=self.etcd_cacert, cert=self.etcd_cert, key=self.etcd_key,
+            user=self.etcd_user, password_file=self.etcd_password_file,
+        )  # fmt: skip
 
     @property
     def agent_grace_s(self) -> int:
@@ -311,11 +334,33 @@ class JobSpec:
                     "--etcd-endpoint and --etcd-sidecar exclude each other; give one",
                     also=("etcd_endpoint",),
                 )
-        elif self.etcd_endpoints or self.etcd_sidecar:
+            if (self.etcd_cert is None) != (self.etcd_key is None):
+                raise SpecError(
+                    "etcd_cert" if self.etcd_cert is not None else "etcd_key",
+                    "a client certificate needs both --etcd-cert and --etcd-key",
+                )
+            if self.etcd_password_file is not None and self.etcd_user is None:
+                raise SpecError(
+                    "etcd_password_file", "a password file needs --etcd-user NAME as well"
+                )
+            if self.etcd_sidecar and (self.etcd_cacert or self.etcd_cert or self.etcd_user):
+                raise SpecError(
+                    "etcd_sidecar",
+                    "the sidecar serves plain HTTP to the job's nodes only; TLS and user "
+                    "settings are for an etcd of your own (--etcd-endpoint)",
+                )
+        elif given := [k for k in _ETCD_KEYS if getattr(self, k) not in (None, False, ())]:
             raise SpecError(
                 "rdzv",
                 f"etcd settings are given but --rdzv is {self.rdzv.value}; add --rdzv etcd",
-                also=("etcd_endpoint",) if self.etcd_endpoints else ("etcd_sidecar",),
+                also=tuple(_PROFILE_KEY.get(k, k) for k in given),
+            )
+        if self.no_kill and not self.nodes.is_elastic:
+            raise SpecError(
+                "no_kill",
+                f"--no-kill keeps the job going on fewer nodes, but --nodes is {self.nodes}; "
+                "give a range MIN:MAX",
+                also=("nodes",),
             )
         for endpoint in self.etcd_endpoints:
             match = _ENDPOINT.fullmatch(endpoint)

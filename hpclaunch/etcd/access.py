@@ -1,0 +1,106 @@
+"""How to reach etcd: endpoints, TLS files, user and password (pure, no client import)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpclaunch.errors import EtcdError
+
+PASSWORD_VAR = "HPCLAUNCH_ETCD_PASSWORD"
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Access:
+    """Where etcd is and the credentials for it. The password never shows in a repr."""
+
+    endpoints: tuple[str, ...]
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def tls(self) -> bool:
+        return self.cacert is not None or self.cert is not None
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise EtcdError("no etcd endpoint given; pass --etcd-endpoint HOST:PORT")
+        if (self.cert is None) != (self.key is None):
+            given = "--etcd-cert" if self.cert is not None else "--etcd-key"
+            raise EtcdError(
+                f"{given} is given alone; a client certificate needs both --etcd-cert and "
+                "--etcd-key"
+            )
+        if self.user is not None and self.password is None:
+            raise EtcdError(
+                f"--etcd-user {self.user!r} has no password; give --etcd-password-file PATH "
+                f"or set ${PASSWORD_VAR}"
+            )
+        for option, path in (
+            ("--etcd-cacert", self.cacert), ("--etcd-cert", self.cert), ("--etcd-key", self.key)
+        ):  # fmt: skip
+            if path is not None and not Path(path).is_file():
+                raise EtcdError(f"{option} {path!r} is not a readable file on this node")
+
+
+def read_password(env: Mapping[str, str], password_file: str | None) -> str | None:
+    """The etcd password: from ``password_file`` (first line) if given, else from
+    $HPCLAUNCH_ETCD_PASSWORD, else None. Never from the command line, so that it
+    is neither in the rendered script nor in ``ps``."""
+    if password_file is not None:
+        try:
+            text = Path(password_file).read_text()
+        except OSError as exc:
+            raise EtcdError(
+                f"--etcd-password-file {password_file!r} cannot be read ({exc.strerror}); "
+                "give a file this node can read, or set $" + PASSWORD_VAR
+            ) from None
+        lines = text.splitlines()
+        if not lines or not lines[0]:
+            raise EtcdError(
+                f"--etcd-password-file {password_file!r} is empty; write the password on "
+                "its first line"
+            )
+        return lines[0]
+    return env.get(PASSWORD_VAR) or None
+
+
+@dataclass(frozen=True)
+class EtcdFlags:
+    """The agent's etcd options, as given (paths, not secrets)."""
+
+    endpoints: tuple[str, ...] = ()
+    sidecar: bool = False
+    binary: str | None = None
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+
+    def rdzv_configs(self) -> dict[str, str]:
+        """What the hpclaunch-etcd handler reads from torch's rendezvous configs."""
+        given = {
+            "cacert": self.cacert, "cert": self.cert, "key": self.key,
+            "user": self.user, "password_file": self.password_file,
+        }  # fmt: skip
+        return {k: v for k, v in given.items() if v is not None}
+
+    def argv(self) -> list[str]:
+        """These options as ``hpclaunch agent`` flags (for the rendered script)."""
+        out = ["--etcd-endpoint", ",".join(self.endpoints)] if self.endpoints else []
+        if self.sidecar:
+            out.append("--etcd-sidecar")
+        flags = {"--etcd-binary": self.binary, **{
+            f"--etcd-{k.replace('_', '-')}": v for k, v in self.rdzv_configs().items()
+        }}  # fmt: skip
+        for flag, value in flags.items():
+            if value is not None:
+                out += [flag, value]
+        return out
