@@ -134,8 +134,12 @@ def directives(spec: JobSpec) -> list[Shell]:
     out = [
         _option("job-name", spec.effective_job_name, sbatch_quote),
         _option("nodes", spec.nodes.sbatch, sbatch_quote),
-        _option("ntasks-per-node", "1", sbatch_quote),
     ]
+    if not spec.nodes.is_elastic:
+        # With a range SLURM would size the job by its tasks (one per node: MIN nodes);
+        # without it, it gives as many nodes of the range as it can. The agents' srun
+        # step sets one task per node itself.
+        out.append(_option("ntasks-per-node", "1", sbatch_quote))
     if spec.gpus_per_node:
         if spec.gpu_directive is GpuDirective.GRES:
             out.append(_option("gres", f"gpu:{spec.gpus_per_node}", sbatch_quote))

@@ -181,6 +181,12 @@ class EtcdHandler(RankedHandler):
 
     _round: int | None = None
     _world: int = 0
+    _lost_peer = False
+
+    def take_lost_peer(self) -> bool:
+        """Whether the last restart was for a lost node (asked once per restart)."""
+        lost, self._lost_peer = self._lost_peer, False
+        return lost
 
     def next_rendezvous(self) -> Any:
         info = super().next_rendezvous()
@@ -200,6 +206,7 @@ class EtcdHandler(RankedHandler):
                 self._round, len(state.participants), self._world,
             )  # fmt: skip
             self._round = None  # report it once
+            self._lost_peer = True
             return 1
         return 0
 

@@ -1,5 +1,5 @@
 """torch's LocalElasticAgent, writing a failure record each time the worker group
-fails (imports torch).
+fails, and stopping workers quickly when a peer node is lost (imports torch).
 
 torch reports failures only when its agent gives up, and only the failures of the
 last attempt; the supervisor needs every attempt's, on every node, to tell a bad
@@ -19,6 +19,11 @@ from torch.distributed.launcher import api as launcher_api
 
 log = logging.getLogger(__name__)
 
+# Seconds between SIGTERM and SIGKILL when the workers are stopped because another
+# node was lost: they are stuck in a collective with it and cannot checkpoint
+# (torch waits 30 s). hpclaunch-etcd's handler says when that is the reason.
+LOST_PEER_GRACE_S = 5
+
 
 class RecordingAgent(LocalElasticAgent):
     """Calls ``on_failure(result)`` once for every failed attempt."""
@@ -34,6 +39,14 @@ class RecordingAgent(LocalElasticAgent):
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
         return result
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        take = getattr(worker_group.spec.rdzv_handler, "take_lost_peer", None)
+        if take is not None and take():
+            log.info("a peer node is lost: workers get %d s to exit", LOST_PEER_GRACE_S)
+            self._shutdown(timeout=LOST_PEER_GRACE_S)
+        else:
+            super()._stop_workers(worker_group)
 
 
 def install(on_failure: Callable[[RunResult], None]) -> None:

@@ -33,6 +33,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 log = logging.getLogger(__name__)
 
+# Connecting reads this key: every rendezvous key is under /hpclaunch/.
+PROBE_KEY = "/hpclaunch/probe"
+_HINTS = {
+    "user name is empty": "; etcd has authentication on: give --etcd-user and a password",
+    "permission denied": "; give the user read-write on the key prefix /hpclaunch/ "
+    "(etcdctl role grant-permission ROLE --prefix=true readwrite /hpclaunch/)",
+    "invalid auth token": "; log in again: check --etcd-user and the password",
+}
+
 
 class KeyValue(NamedTuple):
     value: bytes
@@ -43,8 +52,11 @@ class _AuthSession(requests.Session):
     """A session that logs in with user and password and logs in again when etcd
     says the token expired (etcd's simple tokens last 5 minutes by default)."""
 
-    def __init__(self, base_url: str, user: str, password: str, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: str, base_url: str, user: str, password: str, timeout_s: float
+    ) -> None:
         super().__init__()
+        self._endpoint = endpoint
         self._login = (base_url + "/v3/auth/authenticate", {"name": user, "password": password})
         self._timeout_s = timeout_s
         self._token: str | None = None
@@ -55,13 +67,15 @@ class _AuthSession(requests.Session):
         resp = super().request("POST", url, json=body, timeout=self._timeout_s)
         if resp.status_code != 200:
             raise EtcdError(
-                f"etcd at {url.split('/v3/')[0]} refused user {body['name']!r}: "
+                f"etcd at {self._endpoint} refused user {body['name']!r}: "
                 f"{_message(resp.text)}; check --etcd-user and the password "
                 f"(--etcd-password-file or ${PASSWORD_VAR})"
             )
         token = resp.json().get("token")
         if not isinstance(token, str):
-            raise EtcdError(f"etcd at {url} answered the login without a token: {resp.text!r}")
+            raise EtcdError(
+                f"etcd at {self._endpoint} answered the login without a token: {resp.text!r}"
+            )
         return token
 
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
@@ -123,8 +137,8 @@ class Etcd:
         problems = []
         for endpoint in access.endpoints:
             etcd = cls(access, endpoint, _client_for(access, endpoint))
-            try:
-                etcd._post("/maintenance/status", {})
+            try:  # a read under the rendezvous prefix: checks user and permissions too
+                etcd.get(PROBE_KEY)
             except EtcdError as exc:
                 problems.append(str(exc))
                 continue
@@ -145,11 +159,7 @@ class Etcd:
             ) from None
         except gw_errors.Etcd3Exception as exc:
             detail = _message(exc.detail_text or str(exc))
-            hint = (
-                "; etcd has authentication on: give --etcd-user and a password"
-                if "token" in detail or "permission denied" in detail or "user" in detail
-                else ""
-            )
+            hint = next((h for k, h in _HINTS.items() if k in detail), "")
             raise EtcdError(f"etcd at {self.endpoint} refused {path}: {detail}{hint}") from None
         if not isinstance(result, dict):
             raise EtcdError(f"etcd at {self.endpoint} answered {path} with {result!r}")
@@ -295,10 +305,13 @@ def _client_for(access: Access, endpoint: str) -> Any:
     protocol = "https" if access.tls else "http"
     base = f"{protocol}://{'[' + host + ']' if ':' in host else host}:{port}"
     session: requests.Session = (
-        _AuthSession(base, access.user, access.password, access.timeout_s)
+        _AuthSession(endpoint, base, access.user, access.password, access.timeout_s)
         if access.user is not None and access.password is not None
         else requests.Session()
     )
+    # Not the environment's CA bundle (REQUESTS_CA_BUNDLE would override --etcd-cacert)
+    # nor its proxies (etcd is on the cluster network).
+    session.trust_env = False
     if access.cacert is not None:
         session.verify = access.cacert
     if access.cert is not None and access.key is not None:
