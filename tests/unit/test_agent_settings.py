@@ -16,6 +16,7 @@ from hpclaunch.agent import (
     worker_env,
 )
 from hpclaunch.context import ContextError, NodeContext
+from hpclaunch.etcd.access import EtcdFlags
 from hpclaunch.spec import EntryKind, Rendezvous
 from hpclaunch.values import NodeRange
 
@@ -70,8 +71,30 @@ def test_static_and_elastic_and_etcd() -> None:
         settings(nnodes=NodeRange(3, 4))
     with pytest.raises(ContextError, match="static rendezvous needs a fixed node count"):
         settings(rdzv=Rendezvous.STATIC, nnodes=NodeRange(1, 2))
-    with pytest.raises(ContextError, match="--rdzv etcd is not available"):
+    with pytest.raises(ContextError, match="--rdzv etcd needs --etcd-endpoint"):
         settings(rdzv=Rendezvous.ETCD)
+
+
+def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
+    flags = EtcdFlags(
+        endpoints=("e1:2379", "e2:2379"), cacert="/ca.pem", cert="/c.pem", key="/k.pem",
+        user="trainer", password_file="/pw",
+    )  # fmt: skip
+    s = settings(rdzv=Rendezvous.ETCD, etcd=flags, nnodes=NodeRange(1, 4))
+    assert s["rdzv_backend"] == "hpclaunch-etcd" and s["rdzv_endpoint"] == "e1:2379,e2:2379"
+    assert (s["min_nodes"], s["max_nodes"]) == (1, 2)
+    assert s["rdzv_configs"] == {
+        "node_rank": 1, "last_call_timeout": 3, "keep_alive_interval": 2,
+        "keep_alive_max_attempt": 3, "cacert": "/ca.pem", "cert": "/c.pem", "key": "/k.pem",
+        "user": "trainer", "password_file": "/pw",
+    }  # fmt: skip
+    assert flags.argv() == [
+        "--etcd-endpoint", "e1:2379,e2:2379", "--etcd-cacert", "/ca.pem", "--etcd-cert",
+        "/c.pem", "--etcd-key", "/k.pem", "--etcd-user", "trainer", "--etcd-password-file", "/pw",
+    ]  # fmt: skip
+    assert EtcdFlags(sidecar=True, binary="/opt/etcd").argv() == [
+        "--etcd-sidecar", "--etcd-binary", "/opt/etcd",
+    ]  # fmt: skip
 
 
 def test_worker_command_and_env() -> None:

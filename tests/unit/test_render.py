@@ -116,6 +116,27 @@ def test_etcd_settings_reach_the_agent() -> None:
     assert argv[argv.index("--etcd-endpoint") + 1] == "e1:2379,e2:2379"
     sidecar = launch_words(render(JobSpec("t.py", rdzv=Rendezvous.ETCD, etcd_sidecar=True)))
     assert "--etcd-sidecar" in sidecar
+    secured = JobSpec(
+        "t.py", rdzv=Rendezvous.ETCD, etcd_endpoints=("e1:2379",), etcd_cacert="/etc/my ca.pem",
+        etcd_user="trainer; rm -rf ~", etcd_password_file="$HOME/pw",
+    )  # fmt: skip
+    text = render(secured)
+    argv = launch_words(text)
+    assert argv[argv.index("--etcd-cacert") + 1] == "/etc/my ca.pem"
+    assert argv[argv.index("--etcd-user") + 1] == "trainer; rm -rf ~"  # a word, not shell
+    assert argv[argv.index("--etcd-password-file") + 1] == "$HOME/pw"  # not expanded either
+    assert "password" not in text.replace("--etcd-password-file", "")
+
+
+def test_no_kill_keeps_the_job_and_the_step_on_a_lost_node() -> None:
+    text = render(JobSpec("t.py", nodes=NodeRange(2, 3), rdzv=Rendezvous.ETCD,
+                          etcd_sidecar=True, no_kill=True))  # fmt: skip
+    assert "#SBATCH --no-kill\n" in text.replace("\n", "\\n") or "#SBATCH --no-kill" in text
+    assert "#SBATCH --ntasks-per-node" not in text  # a range: SLURM gives as many as it can
+    argv = launch_words(text)
+    assert "--no-kill" in argv and "--kill-on-bad-exit=0" in argv
+    assert "--no-kill" not in launch_words(render(JobSpec("t.py")))
+    assert "--kill-on-bad-exit=1" in launch_words(render(JobSpec("t.py")))
 
 
 def test_launcher_prefix_replaces_hpclaunch_on_the_nodes() -> None:

@@ -185,6 +185,23 @@ def test_job_name_from_module_and_executable() -> None:
             "etcd_sidecar",
             "exclude each other",
         ),
+        ({"etcd_user": "u"}, "rdzv", "add --rdzv etcd"),
+        (
+            {"rdzv": Rendezvous.ETCD, "etcd_endpoints": ("h:1",), "etcd_cert": "/c.pem"},
+            "etcd_cert",
+            "needs both --etcd-cert and --etcd-key",
+        ),
+        (
+            {"rdzv": Rendezvous.ETCD, "etcd_endpoints": ("h:1",), "etcd_password_file": "/p"},
+            "etcd_password_file",
+            "needs --etcd-user",
+        ),
+        (
+            {"rdzv": Rendezvous.ETCD, "etcd_sidecar": True, "etcd_cacert": "/ca.pem"},
+            "etcd_sidecar",
+            "an etcd of your own",
+        ),
+        ({"no_kill": True}, "no_kill", "give a range MIN:MAX"),
         ({"launcher": ()}, "launcher", "empty"),
         ({"srun_options": (("ntasks", "4"),)}, "srun_options", "leave it out"),
         ({"mem": "64GB"}, "mem", "not a memory size"),
