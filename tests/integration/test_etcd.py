@@ -131,12 +131,12 @@ def torchrun(server: EtcdServer, run_id: str, conf: str, tmp_path: Path) -> list
         "--rdzv-backend", "hpclaunch-etcd", "--rdzv-endpoint", server.endpoint,
         "--rdzv-id", run_id, "--rdzv-conf", conf, str(EXAMPLE),
     ]  # fmt: skip
+    out = subprocess.PIPE
     agents = [
-        subprocess.Popen(argv, env=base_env(), cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        subprocess.Popen(argv, env=base_env(), cwd=tmp_path, stdout=out, stderr=out, text=True)
         for _ in range(2)
     ]
-    outputs = [agent.communicate(timeout=180)[0] for agent in agents]
+    outputs = ["".join(agent.communicate(timeout=180)) for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     return outputs
 
@@ -179,13 +179,13 @@ def agents_env(job_id: int, node: int) -> dict[str, str]:
 
 
 def run_agents(job_id: int, tmp_path: Path, *options: str) -> list[tuple[int, str]]:
+    argv = [
+        str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
+        str(tmp_path / "job"), "--rdzv", "etcd", *options, str(EXAMPLE),
+    ]  # fmt: skip
+    out, err = subprocess.PIPE, subprocess.STDOUT
     agents = [
-        subprocess.Popen(
-            [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
-             str(tmp_path / "job"), "--rdzv", "etcd", *options, str(EXAMPLE)],
-            env=agents_env(job_id, node), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
+        subprocess.Popen(argv, env=agents_env(job_id, node), stdout=out, stderr=err, text=True)
         for node in (0, 1)
     ]
     return [(a.wait(timeout=180), a.communicate()[0]) for a in agents]

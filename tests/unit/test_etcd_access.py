@@ -15,7 +15,8 @@ from hpclaunch.etcd.sidecar import candidate_ports, member_name, server_argv
 def test_access_checks_its_parts(tmp_path: Path) -> None:
     pem = tmp_path / "c.pem"
     pem.write_text("x")
-    ok = Access(("e:1",), cacert=str(pem), cert=str(pem), key=str(pem), user="u", password="hunter2")
+    path = str(pem)
+    ok = Access(("e:1",), cacert=path, cert=path, key=path, user="u", password="hunter2")
     assert ok.tls and "hunter2" not in repr(ok)  # the password never shows
     assert not Access(("e:1",)).tls
     with pytest.raises(EtcdError, match="no etcd endpoint given"):
@@ -24,7 +25,7 @@ def test_access_checks_its_parts(tmp_path: Path) -> None:
         Access(("e:1",), cert=str(pem))
     with pytest.raises(EtcdError, match=f"--etcd-user 'u' has no password.*\\${PASSWORD_VAR}"):
         Access(("e:1",), user="u")
-    with pytest.raises(EtcdError, match="--etcd-cacert '/nope.pem' is not a readable file"):
+    with pytest.raises(EtcdError, match=r"--etcd-cacert '/nope\.pem' is not a readable file"):
         Access(("e:1",), cacert="/nope.pem")
 
 
