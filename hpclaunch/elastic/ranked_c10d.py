@@ -78,7 +78,19 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
         if self._rounds_joined:
             os.environ[SEPARATE_STORE] = "1"
         self._rounds_joined += 1
-        info = super().next_rendezvous()
+        # torch serves the state from a one-second cache between reads, so a waiting
+        # node sees the last join up to a second late, whatever its poll interval.
+        # While joining, read it fresh each time; afterwards (heartbeats, the agent's
+        # checks for waiting nodes) the cache spares the store again.
+        holder = self._state_holder
+        cache = getattr(holder, "_cache_duration", None)
+        if cache is not None:
+            holder._cache_duration = 0  # type: ignore[attr-defined]
+        try:
+            info = super().next_rendezvous()
+        finally:
+            if cache is not None:
+                holder._cache_duration = cache  # type: ignore[attr-defined]
         os.environ[ATTEMPT_VAR] = str(self._state_holder.state.round)
         return info
 
