@@ -233,13 +233,18 @@ def access_from(params: RendezvousParameters) -> Access:
     endpoints = tuple(e.strip() for e in params.endpoint.split(",") if e.strip())
     return Access(
         endpoints=endpoints,
-        cacert=params.get("cacert"),
-        cert=params.get("cert"),
-        key=params.get("key"),
+        cacert=_path(params.get("cacert")),
+        cert=_path(params.get("cert")),
+        key=_path(params.get("key")),
         user=params.get("user"),
         password=read_password(os.environ, params.get("password_file")),
         timeout_s=float(params.get("etcd_timeout", 5.0)),
     )
+
+
+def _path(value: str | None) -> str | None:
+    """A file named in the configs, ``~`` expanded (the script quotes it)."""
+    return None if value is None else os.path.expanduser(value)
 
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:

@@ -45,7 +45,7 @@ class Access:
         for option, path in (
             ("--etcd-cacert", self.cacert), ("--etcd-cert", self.cert), ("--etcd-key", self.key)
         ):  # fmt: skip
-            if path is not None and not Path(path).is_file():
+            if path is not None and not Path(path).expanduser().is_file():
                 raise EtcdError(f"{option} {path!r} is not a readable file on this node")
 
 
@@ -55,7 +55,7 @@ def read_password(env: Mapping[str, str], password_file: str | None) -> str | No
     is neither in the rendered script nor in ``ps``."""
     if password_file is not None:
         try:
-            text = Path(password_file).read_text()
+            text = Path(password_file).expanduser().read_text()
         except OSError as exc:
             raise EtcdError(
                 f"--etcd-password-file {password_file!r} cannot be read ({exc.strerror}); "
