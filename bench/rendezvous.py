@@ -3,8 +3,8 @@
 A benchmark, not a test. Each "node" is a process on this machine that imports
 torch and creates its agent's rendezvous handler through torch's registry, as
 the elastic agent does, then waits for a go. All but the last join at once;
-the last joins 2 s later, when the others are waiting. The figure is the time
-from the last node's join to the moment every node holds the completed round
+the last joins 5 s later (``--last-join-delay``), when the others are waiting.
+The figure is the time from the last node's join to the moment every node holds the completed round
 (the latest ``next_rendezvous`` return, all clocks of this machine). No workers
 are started: what is measured is the rendezvous alone, so the workers are as
 cheap as can be.
@@ -30,7 +30,7 @@ import time
 from hpclaunch.etcd.sidecar import Sidecar
 
 BACKENDS = ("c10d", "hpclaunch-c10d", "hpclaunch-etcd")
-LAST_JOIN_DELAY_S = 2.0
+LAST_JOIN_DELAY_S = 5.0
 
 # One node: create the handler, say ready, wait for "go", rendezvous, report.
 NODE = """
@@ -68,13 +68,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def one_run(backend: str, endpoint: str, nodes: int, run_id: str) -> float:
+def one_run(backend: str, endpoint: str, nodes: int, run_id: str, delay_s: float) -> float:
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", NODE, backend, endpoint, run_id, str(nodes), str(rank)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
-        )  # fmt: skip
+        )
         for rank in range(nodes)
     ]
     try:
@@ -84,7 +86,7 @@ def one_run(backend: str, endpoint: str, nodes: int, run_id: str) -> float:
                 raise RuntimeError(f"a {backend} node did not start")
         for proc in procs[:-1]:
             _say(proc, "go")
-        time.sleep(LAST_JOIN_DELAY_S)  # the others are waiting for the last one now
+        time.sleep(delay_s)  # the others are waiting for the last one now
         _say(procs[-1], "go")
         reports = [json.loads(proc.stdout.readline()) for proc in procs if proc.stdout]
         for proc in procs:
@@ -111,18 +113,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="4,8,16,32")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument(
+        "--last-join-delay", type=float, default=LAST_JOIN_DELAY_S,
+        help="seconds between the others' join and the last one's",
+    )  # fmt: skip
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     etcd = Sidecar.start(None, "hpclaunch-bench", "127.0.0.1", [free_port()])
     try:
-        print(f"{'nodes':>5}  " + "  ".join(f"{b:>15}" for b in BACKENDS))
+        backends = args.backends.split(",")
+        print(f"{'nodes':>5}  " + "  ".join(f"{b:>15}" for b in backends))
         for nodes in sizes:
             medians = []
-            for backend in BACKENDS:
+            for backend in backends:
                 etcd_rdzv = backend == "hpclaunch-etcd"
                 endpoint = etcd.endpoint if etcd_rdzv else f"127.0.0.1:{free_port()}"
                 times = [
-                    one_run(backend, endpoint, nodes, f"bench-{nodes}-{run}-{time.time_ns()}")
+                    one_run(
+                        backend,
+                        endpoint,
+                        nodes,
+                        f"bench-{nodes}-{run}-{time.time_ns()}",
+                        args.last_join_delay,
+                    )
                     for run in range(args.runs)
                 ]
                 medians.append(statistics.median(times))

@@ -59,21 +59,33 @@ class AgentOptions:
     tee: bool = True
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
     etcd: EtcdFlags = dataclasses.field(default_factory=EtcdFlags)
+    node_multiple: int = 1
 
 
 def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
     """(min, max) nodes for the rendezvous. Raises ContextError when the step does not fit."""
     if opts.nnodes is None:
-        return ctx.nnodes, ctx.nnodes
-    low, high = opts.nnodes.min, opts.nnodes.max
-    if not low <= ctx.nnodes <= high:
-        raise ContextError(
-            f"the step has {ctx.nnodes} nodes but --nnodes is {opts.nnodes}; "
-            "run one agent per node of the allocation"
-        )
+        low = ctx.nnodes
+    else:
+        low = opts.nnodes.min
+        if not low <= ctx.nnodes <= opts.nnodes.max:
+            raise ContextError(
+                f"the step has {ctx.nnodes} nodes but --nnodes is {opts.nnodes}; "
+                "run one agent per node of the allocation"
+            )
     # SLURM has already fixed how many nodes this step has: waiting for MAX would cost
     # torch's last-call time (30 s) for nodes that cannot come.
-    return low, ctx.nnodes
+    high = ctx.nnodes
+    if opts.node_multiple > 1:
+        # torch puts the nodes beyond the largest multiple in its redundancy list: spares.
+        fit = NodeRange(low, high).multiples(opts.node_multiple)
+        if fit is None:
+            raise ContextError(
+                f"the step has {ctx.nnodes} nodes (at least {low} wanted): no count from "
+                f"{low} to {high} is a multiple of --node-multiple {opts.node_multiple}"
+            )
+        low, high = fit
+    return low, high
 
 
 def worker_command(opts: AgentOptions) -> tuple[str, ...]:
@@ -105,6 +117,8 @@ def launch_settings(
     endpoint = f"{master_addr}:{ctx.master_port}"
     configs: dict[str, Any]
     if opts.rdzv is Rendezvous.STATIC:
+        if opts.node_multiple > 1:
+            raise ContextError("--node-multiple needs --rdzv c10d or etcd, not static")
         if low != high:
             raise ContextError(f"static rendezvous needs a fixed node count, not {opts.nnodes}")
         backend, configs = "static", {"rank": ctx.node_rank}
@@ -123,6 +137,8 @@ def launch_settings(
             "hpclaunch-c10d",
             {"node_rank": ctx.node_rank, "is_host": ctx.node_rank == 0},
         )
+    if opts.node_multiple > 1:
+        configs["node_multiple"] = opts.node_multiple
     return {
         "min_nodes": low,
         "max_nodes": high,

@@ -205,6 +205,12 @@ def main(ctx: click.Context) -> None:
     help="Keep the job when a node is lost; with --nodes MIN:MAX it goes on on fewer nodes.",
 )
 @click.option(
+    "--node-multiple",
+    type=int,
+    help="Keep the node count a multiple of K (a data-parallel degree); "
+    "nodes beyond it stand by. [default: 1]",
+)
+@click.option(
     "--template",
     type=click.Path(dir_okay=False),
     help="A Jinja template to render instead of the built-in one.",
@@ -393,6 +399,13 @@ def supervise(
 @click.option(
     "--etcd-sidecar", is_flag=True, help="The first node starts an etcd server for the job."
 )
+@click.option(
+    "--node-multiple",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run on a multiple of K nodes; the nodes beyond it stand by as spares.",
+)
 @_etcd_access_options
 @click.option(
     "--max-restarts",
@@ -459,6 +472,7 @@ def agent(
     module: bool,
     no_python: bool,
     dry_run: bool,
+    node_multiple: int,
     **etcd: Any,
 ) -> None:
     """Start this node's workers of SCRIPT [ARGS]... through torch's elastic agent.
@@ -475,7 +489,7 @@ def agent(
         entrypoint=script, args=args, entry_kind=kind, nnodes=nnodes,
         nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
         master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
-        job_dir=job_dir, tee=tee, grace_period_s=grace_period,
+        job_dir=job_dir, tee=tee, grace_period_s=grace_period, node_multiple=node_multiple,
         etcd=EtcdFlags(
             endpoints=etcd.pop("etcd_endpoints") or (), sidecar=etcd.pop("etcd_sidecar"),
             **{k.removeprefix("etcd_"): v for k, v in etcd.items()},

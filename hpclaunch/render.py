@@ -184,6 +184,8 @@ def agent_argv(spec: JobSpec) -> list[str]:
         "--grace-period",
         str(spec.agent_grace_s),
     ]
+    if spec.node_multiple > 1:
+        argv += ["--node-multiple", str(spec.node_multiple)]
     argv += spec.etcd_flags.argv()
     if spec.entry_kind is EntryKind.MODULE:
         argv.append("--module")

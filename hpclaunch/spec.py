@@ -170,6 +170,7 @@ class JobSpec:
     etcd_user: str | None = None
     etcd_password_file: str | None = None
     no_kill: bool = False
+    node_multiple: int = 1
     template: str | None = None
     gpu_directive: GpuDirective = GpuDirective.GPUS_PER_NODE
     sbatch_options: tuple[tuple[str, str | None], ...] = ()
@@ -355,6 +356,21 @@ class JobSpec:
                 f"etcd settings are given but --rdzv is {self.rdzv.value}; add --rdzv etcd",
                 also=tuple(_PROFILE_KEY.get(k, k) for k in given),
             )
+        _check_count("node_multiple", self.node_multiple, 1)
+        if self.node_multiple > 1:
+            if self.rdzv is Rendezvous.STATIC:
+                raise SpecError(
+                    "node_multiple",
+                    "--node-multiple needs the rounds of --rdzv c10d or etcd, not static",
+                    also=("rdzv",),
+                )
+            if self.nodes.multiples(self.node_multiple) is None:
+                raise SpecError(
+                    "node_multiple",
+                    f"no node count in --nodes {self.nodes} is a multiple of "
+                    f"{self.node_multiple}; widen the range or change --node-multiple",
+                    also=("nodes",),
+                )
         if self.no_kill and not self.nodes.is_elastic:
             raise SpecError(
                 "no_kill",

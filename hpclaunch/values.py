@@ -46,6 +46,11 @@ class NodeRange:
     def is_elastic(self) -> bool:
         return self.min != self.max
 
+    def multiples(self, k: int) -> tuple[int, int] | None:
+        """The smallest and largest multiples of ``k`` in the range; None if none is."""
+        low, high = -(-self.min // k) * k, self.max // k * k
+        return (low, high) if low <= high else None
+
     def __str__(self) -> str:
         """The form the CLI takes and the agent receives: ``N`` or ``MIN:MAX``."""
         return str(self.min) if not self.is_elastic else f"{self.min}:{self.max}"

@@ -38,7 +38,12 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
-from hpclaunch.elastic.ranked_c10d import RankedHandler, RankedNodeDesc, delay_factor
+from hpclaunch.elastic.ranked_c10d import (
+    RankedHandler,
+    RankedNodeDesc,
+    delay_factor,
+    keep_multiple_of,
+)
 from hpclaunch.errors import EtcdError
 from hpclaunch.etcd.access import Access, read_password
 
@@ -56,21 +61,31 @@ def _bytes(value: str | bytes) -> bytes:
 
 
 class EtcdBackend(dynamic.RendezvousBackend):
-    """The rendezvous state in one etcd key; the fencing token is its mod revision."""
+    """The rendezvous state in one etcd key; the fencing token is its mod revision.
 
-    def __init__(self, etcd: Any, key: str, lease: Callable[[], int]) -> None:
+    Reads come from a watch stream of the key where it is current (no request),
+    else from etcd; a write goes to etcd as a compare-and-swap."""
+
+    def __init__(self, etcd: Any, key: str, lease: Callable[[], int], watch: Any = None) -> None:
         self._etcd = etcd
         self._key = key
         self._lease = lease
-        self._seen = 0  # the store revision at which the state was last read or written
+        self._watch = watch
+        self._known = 0  # the newest store revision this node has read or written
+        self._held = 0  # the mod revision of the state last handed to torch (0: none)
 
     @property
     def name(self) -> str:
         return NAME
 
     def get_state(self) -> tuple[bytes, Any] | None:
-        kv, revision = self._call(lambda: self._etcd.get(self._key))
-        self._seen = revision
+        watched = self._watch.current(self._key) if self._watch is not None else None
+        if watched is not None and watched[1] >= self._known:
+            kv, revision, _ = watched
+        else:
+            kv, revision = self._call(lambda: self._etcd.get(self._key))
+        self._known = max(self._known, revision)
+        self._held = kv.mod_revision if kv is not None else 0
         return None if kv is None else (kv.value, kv.mod_revision)
 
     def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
@@ -78,13 +93,17 @@ class EtcdBackend(dynamic.RendezvousBackend):
         done, kv = self._call(lambda: self._etcd.swap(self._key, state, expected, self._lease()))
         if kv is None:  # the key went away between the compare and the read
             return None
-        self._seen = max(self._seen, kv.mod_revision)
+        self._known = max(self._known, kv.mod_revision)
+        self._held = kv.mod_revision
         return kv.value, kv.mod_revision, done
 
     def wait_for_change(self, timeout_s: float) -> None:
-        """Return when the state changes after the last read or write, or after
+        """Return when the state changes after the one last handed to torch, or after
         ``timeout_s``: what torch's one-second poll is for, without the wait."""
-        self._call(lambda: self._etcd.wait_change(self._key, self._seen, timeout_s))
+        watch = self._watch
+        if watch is not None and watch.wait_changed(self._key, self._held, timeout_s) is not None:
+            return
+        self._call(lambda: self._etcd.wait_change(self._key, self._known, timeout_s))
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -96,11 +115,12 @@ class EtcdBackend(dynamic.RendezvousBackend):
 class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
     """A c10d Store on etcd v3 for the agents (the workers get a TCPStore, as with c10d)."""
 
-    def __init__(self, etcd: Any, prefix: str, lease: Callable[[], int]) -> None:
+    def __init__(self, etcd: Any, prefix: str, lease: Callable[[], int], watch: Any = None) -> None:
         super().__init__()
         self._etcd = etcd
         self._prefix = prefix
         self._lease = lease
+        self._watch = watch  # a KeyWatch of the whole prefix, for the blocking reads
         self.set_timeout(DEFAULT_STORE_TIMEOUT)
 
     def _key(self, key: str) -> str:
@@ -160,18 +180,29 @@ class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
     def _wait_values(self, keys: list[str], timeout: timedelta | None) -> list[bytes]:
         limit = (timeout or self.timeout or DEFAULT_STORE_TIMEOUT).total_seconds()
         deadline = time.monotonic() + limit
-        names = [self._key(k) for k in keys]
-        values: dict[str, bytes] = {}
-        for name in names:
-            while name not in values:
-                kv, revision = self._etcd.get(name)
-                if kv is not None:
-                    values[name] = kv.value
+        return [self._wait_value(self._key(k), deadline, limit) for k in keys]
+
+    def _wait_value(self, name: str, deadline: float, limit: float) -> bytes:
+        """The key's value once it is set: from the prefix's watch stream while it is
+        up, else read and watched over HTTP. LookupError after ``deadline``."""
+        while True:
+            left = deadline - time.monotonic()
+            watch = self._watch
+            watched = watch.current(name) if watch is not None else None
+            if watched is not None:
+                if watched[0] is not None:
+                    return bytes(watched[0].value)
+                if left <= 0:
                     break
-                changed = self._etcd.wait_change(name, revision, deadline - time.monotonic())
-                if not changed and time.monotonic() >= deadline:
-                    raise LookupError(f"etcd store: {name!r} was not set within {limit:g} s")
-        return [values[n] for n in names]
+                if watch.wait_changed(name, watched[2], left) is not None:
+                    continue  # changed, or timed out: look again
+            kv, revision = self._etcd.get(name)
+            if kv is not None:
+                return bytes(kv.value)
+            if left <= 0:
+                break
+            self._etcd.wait_change(name, revision, left)
+        raise LookupError(f"etcd store: {name!r} was not set within {limit:g} s")
 
 
 class EtcdHandler(RankedHandler):
@@ -250,7 +281,7 @@ def _path(value: str | None) -> str | None:
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's dynamic handler on etcd v3, ranked by config ``node_rank`` (default:
     host name order, as torch does)."""
-    from hpclaunch.etcd.client import Etcd, LeaseKeeper
+    from hpclaunch.etcd.client import Etcd, KeyWatch, LeaseKeeper
 
     access = access_from(params)
     try:
@@ -259,15 +290,22 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         raise RendezvousConnectionError(str(exc)) from None
     keeper = LeaseKeeper(etcd, LEASE_TTL_S)
     root = f"{KEY_ROOT}{params.run_id}/"
-    backend = EtcdBackend(etcd, root + "state", lambda: keeper.lease)
-    store = EtcdStore(etcd, root + "store/", lambda: keeper.lease)
+    backend = EtcdBackend(
+        etcd, root + "state", lambda: keeper.lease, KeyWatch(etcd, root + "state")
+    )
+    store_prefix = root + "store/"
+    store = EtcdStore(
+        etcd, store_prefix, lambda: keeper.lease, KeyWatch(etcd, store_prefix, prefix=True)
+    )
     stock = dynamic.create_handler(store, backend, params)
     _install_delays(backend, params.max_nodes)
     node = stock._this_node
     node_rank = params.get_as_int("node_rank")
     if node_rank is not None:  # hpclaunch agent: ranks in SLURM's order
         node = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
-    return EtcdHandler(node, stock._settings, NAME, store, stock._state_holder)
+    handler = EtcdHandler(node, stock._settings, NAME, store, stock._state_holder)
+    keep_multiple_of(handler, params)
+    return handler
 
 
 def register() -> None:

@@ -9,13 +9,17 @@ torch's own handler. Written against torch 2.13's dynamic_rendezvous module.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousParameters,
+    RendezvousTimeoutError,
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
@@ -23,6 +27,8 @@ from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
 from hpclaunch.joblogs import ATTEMPT_VAR
+
+log = logging.getLogger(__name__)
 
 NAME = "hpclaunch-c10d"
 SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -56,6 +62,22 @@ class RankedNodeDesc(dynamic._NodeDesc):
         return self._key() >= _key_of(other)
 
 
+class MultipleExecutor(dynamic._DistributedRendezvousOpExecutor):
+    """torch's operation executor, completing a round only on a multiple of
+    ``node_multiple`` nodes: the highest-ranked surplus go to the wait list."""
+
+    node_multiple = 1
+
+    def _mark_rendezvous_complete(self) -> None:
+        state = self._state
+        surplus = len(state.participants) % self.node_multiple
+        if surplus:
+            for node in sorted(state.participants)[-surplus:]:
+                del state.participants[node]
+                state.wait_list.add(node)
+        super()._mark_rendezvous_complete()
+
+
 class RankedHandler(dynamic.DynamicRendezvousHandler):
     """torch's handler, telling the workers the round they start in, and from the
     second round on giving them a store of their own.
@@ -73,8 +95,50 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
     """
 
     _rounds_joined = 0
+    _node_multiple = 1
+
+    def keep_multiple(self, k: int) -> None:
+        """Run on a multiple of ``k`` nodes only; the other nodes stand by."""
+        self._node_multiple = k
+        executor = MultipleExecutor(self._this_node, self._state_holder, self._settings)
+        executor.node_multiple = k
+        self._op_executor = executor
+
+    def num_nodes_waiting(self) -> int:
+        """Waiting nodes worth a new round: with ``node_multiple`` K, only those that
+        make a larger multiple of K together with the running ones."""
+        waiting: int = super().num_nodes_waiting()
+        k = self._node_multiple
+        running = len(self._state_holder.state.participants)
+        if k > 1 and waiting and (running + waiting) // k * k <= running:
+            return 0
+        return waiting
+
+    def _standing_by(self) -> bool:
+        state = self._state_holder.state
+        return (
+            self._node_multiple > 1 and state.complete and self._this_node not in state.participants
+        )
 
     def next_rendezvous(self) -> Any:
+        """Join the next round; a node left out of a round by ``node_multiple`` waits
+        for the one that takes it (torch would time it out), and ends well when the
+        job does."""
+        while True:
+            try:
+                return self._join_round()
+            except RendezvousTimeoutError:
+                if not self._standing_by():
+                    raise
+                log.info("standing by: the job runs on a multiple of %d nodes", self._node_multiple)
+            except RendezvousClosedError:
+                if not self._standing_by():
+                    raise
+                raise RendezvousGracefulExitError(
+                    "the job ended while this node stood by"
+                ) from None
+
+    def _join_round(self) -> Any:
         if self._rounds_joined:
             os.environ[SEPARATE_STORE] = "1"
         self._rounds_joined += 1
@@ -111,7 +175,16 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     scale_delays(params.max_nodes)
     node = stock._this_node
     ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
-    return RankedHandler(ranked, stock._settings, NAME, store, stock._state_holder)
+    handler = RankedHandler(ranked, stock._settings, NAME, store, stock._state_holder)
+    keep_multiple_of(handler, params)
+    return handler
+
+
+def keep_multiple_of(handler: RankedHandler, params: RendezvousParameters) -> None:
+    """Apply the ``node_multiple`` config, if given."""
+    k = params.get_as_int("node_multiple", 1) or 1
+    if k > 1:
+        handler.keep_multiple(k)
 
 
 def delay_factor(max_nodes: int) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher import api as launcher_api
 
@@ -38,6 +38,14 @@ class RecordingAgent(LocalElasticAgent):
                 callback(result)
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
+        return result
+
+    def run(self, role: str = "default") -> RunResult:
+        # A node that stood by until the job ended leaves the rendezvous gracefully,
+        # and torch 2.13's run() then returns None, which its launcher cannot take.
+        result: RunResult | None = super().run(role)
+        if result is None:
+            return RunResult(state=WorkerState.SUCCEEDED)
         return result
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:

@@ -14,8 +14,10 @@ revision (no missed change), and errors that name the endpoint and the fix.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
+import time
 from typing import Any, NamedTuple
 
 from hpclaunch.errors import EtcdError
@@ -99,8 +101,6 @@ class _AuthSession(requests.Session):
 def _message(text: str) -> str:
     """etcd's error message out of a gateway error body."""
     try:
-        import json
-
         body = json.loads(text)
         return str(body.get("message") or body.get("error") or text)
     except ValueError:
@@ -234,8 +234,7 @@ class Etcd:
         return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
 
     def delete_prefix(self, prefix: str) -> None:
-        end = _b64(prefix[:-1] + chr(ord(prefix[-1]) + 1))
-        self._post("/kv/deleterange", {"key": _b64(prefix), "range_end": end})
+        self._post("/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
 
     def wait_change(self, key: str | bytes, after_revision: int, timeout_s: float) -> bool:
         """Block until ``key`` changes after ``after_revision`` or ``timeout_s`` passes;
@@ -263,6 +262,138 @@ class Etcd:
 
     def revoke(self, lease: int) -> None:
         self._post("/lease/revoke", {"ID": lease})
+
+
+class KeyWatch:
+    """The latest values of one key, or of every key under a prefix, kept current by
+    one watch stream in a daemon thread (re-opened after errors, from where it was).
+
+    A rendezvous key changes with every node's heartbeat, and every node waits on
+    it: reading it over HTTP at each change costs N requests per write, N² per
+    heartbeat round. A stream per node costs etcd one message per write and node,
+    and the node no request at all."""
+
+    RETRY_S = 0.5
+
+    def __init__(self, etcd: Etcd, key: str, *, prefix: bool = False) -> None:
+        self._etcd = etcd
+        self._key = key
+        self._range_end = _prefix_end(key) if prefix else None
+        self._cond = threading.Condition()
+        self._kvs: dict[str, KeyValue] = {}
+        self._changed: dict[str, int] = {}  # key -> revision of its last change seen
+        self._current = 0  # the store revision up to which the values are known current
+        self._healthy = False
+        self._stopped = False
+        self._response: Any = None
+        threading.Thread(target=self._run, name="etcd-watch", daemon=True).start()
+
+    def current(self, key: str) -> tuple[KeyValue | None, int, int] | None:
+        """(value, the revision it is current at, the revision of its last change
+        seen or 0), or None while the stream is down."""
+        with self._cond:
+            if not self._healthy:
+                return None
+            return self._kvs.get(key), self._current, self._changed.get(key, 0)
+
+    def wait_changed(self, key: str, after: int, timeout_s: float) -> bool | None:
+        """Wait until ``key`` changes after revision ``after``: True if it did, False
+        on timeout, None if the stream is down (the caller then reads by itself)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: not self._healthy or self._changed.get(key, 0) > after,
+                timeout=max(timeout_s, 0),
+            )
+            if not self._healthy:
+                return None
+            return self._changed.get(key, 0) > after
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._healthy = False
+            self._cond.notify_all()
+        response = self._response
+        if response is not None:
+            response.close()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            try:
+                self._stream(self._load() + 1)
+            except (EtcdError, requests.RequestException, ValueError, KeyError) as exc:
+                log.debug("watch of %s broke: %s", self._key, exc)
+            with self._cond:
+                self._healthy = False
+                self._cond.notify_all()
+            if not self._stopped:
+                time.sleep(self.RETRY_S)
+
+    def _load(self) -> int:
+        """Read the values afresh; return the revision they are current at."""
+        body = {"key": _b64(self._key)}
+        if self._range_end is not None:
+            body["range_end"] = _b64(self._range_end)
+        out = self._etcd._post("/kv/range", body)
+        revision = int(out["header"]["revision"])
+        with self._cond:
+            self._kvs = {
+                base64.b64decode(kv["key"]).decode(): KeyValue(
+                    base64.b64decode(kv.get("value", "")), int(kv["mod_revision"])
+                )
+                for kv in out.get("kvs", [])
+            }
+            for key, kv in self._kvs.items():
+                self._changed[key] = max(self._changed.get(key, 0), kv.mod_revision)
+            self._current = max(self._current, revision)
+            self._healthy = True
+            self._cond.notify_all()
+        return revision
+
+    def _stream(self, start: int) -> None:
+        client = self._etcd._client
+        create: dict[str, Any] = {
+            "key": _b64(self._key), "start_revision": start, "progress_notify": True,
+        }  # fmt: skip
+        if self._range_end is not None:
+            create["range_end"] = _b64(self._range_end)
+        response = client.session.post(
+            client.get_url("/watch"), json={"create_request": create}, stream=True,
+            timeout=(self._etcd.access.timeout_s, None),
+        )  # fmt: skip
+        self._response = response
+        with response:
+            if response.status_code != 200:
+                raise EtcdError(f"watch refused: {_message(response.text)}")
+            for line in response.iter_lines():
+                if self._stopped:
+                    return
+                if line:
+                    self._apply(json.loads(line).get("result", {}))
+
+    def _apply(self, result: dict[str, Any]) -> None:
+        events = result.get("events", [])
+        with self._cond:
+            for event in events:
+                kv = event["kv"]
+                key = base64.b64decode(kv["key"]).decode()
+                revision = int(kv["mod_revision"])
+                if event.get("type") == "DELETE":
+                    self._kvs.pop(key, None)
+                else:
+                    self._kvs[key] = KeyValue(base64.b64decode(kv.get("value", "")), revision)
+                self._changed[key] = revision
+                self._current = max(self._current, revision)
+            if not events and not result.get("created") and "header" in result:
+                # A progress notification: every event up to its revision was sent. (Not
+                # the creation message: the events since the read come after it.)
+                self._current = max(self._current, int(result["header"]["revision"]))
+            self._cond.notify_all()
+
+
+def _prefix_end(prefix: str) -> str:
+    """The end of etcd's key range that holds every key starting with ``prefix``."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 class LeaseKeeper:

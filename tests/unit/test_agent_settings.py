@@ -118,3 +118,21 @@ def test_worker_command_and_env() -> None:
     }
     static = worker_env(NodeContext.from_env(ENV), Rendezvous.STATIC)
     assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_node_multiple_rounds_the_range_to_multiples() -> None:
+    three = {**ENV, "SLURM_STEP_NODELIST": "n[1-3]"}
+    ctx = NodeContext.from_env(three, nproc_per_node=1)
+    opts = AgentOptions("t.py", nnodes=NodeRange(1, 4), node_multiple=2)
+    s = launch_settings(ctx, opts, "n1", "n2")
+    assert (s["min_nodes"], s["max_nodes"]) == (2, 2)  # the third node stands by
+    assert s["rdzv_configs"]["node_multiple"] == 2  # type: ignore[index]
+    fixed = launch_settings(ctx, AgentOptions("t.py", node_multiple=3), "n1", "n2")
+    assert (fixed["min_nodes"], fixed["max_nodes"]) == (3, 3)
+    with pytest.raises(
+        ContextError, match="no count from 3 to 3 is a multiple of --node-multiple 2"
+    ):
+        launch_settings(ctx, AgentOptions("t.py", node_multiple=2), "n1", "n2")
+    with pytest.raises(ContextError, match="--node-multiple needs --rdzv c10d or etcd"):
+        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv=Rendezvous.STATIC),
+                        "n1", "n2")  # fmt: skip

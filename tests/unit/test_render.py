@@ -136,6 +136,9 @@ def test_no_kill_keeps_the_job_and_the_step_on_a_lost_node() -> None:
     argv = launch_words(text)
     assert "--no-kill" in argv and "--kill-on-bad-exit=0" in argv
     assert "--no-kill" not in launch_words(render(JobSpec("t.py")))
+    multiple = launch_words(render(JobSpec("t.py", nodes=NodeRange(2, 8), node_multiple=4)))
+    assert multiple[multiple.index("--node-multiple") + 1] == "4"
+    assert "--node-multiple" not in launch_words(render(JobSpec("t.py")))
     assert "--kill-on-bad-exit=1" in launch_words(render(JobSpec("t.py")))
 
 
