@@ -170,23 +170,28 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def agents_env(job_id: int, node: int) -> dict[str, str]:
-    """Two 'nodes' on this machine, as SLURM would describe them to the agents."""
+HOSTS = ("localhost", "127.0.0.1", "127.0.0.2")
+
+
+def agents_env(job_id: int, node: int, nodes: int = 2) -> dict[str, str]:
+    """``nodes`` 'nodes' on this machine, as SLURM would describe them to the agents."""
     return base_env(
-        SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST="localhost,127.0.0.1",
-        SLURM_JOB_NUM_NODES="2", SLURM_NODEID=str(node), SLURM_STEP_ID="0",
+        SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST=",".join(HOSTS[:nodes]),
+        SLURM_JOB_NUM_NODES=str(nodes), SLURM_NODEID=str(node), SLURM_STEP_ID="0",
     )  # fmt: skip
 
 
-def run_agents(job_id: int, tmp_path: Path, *options: str) -> list[tuple[int, str]]:
+def run_agents(job_id: int, tmp_path: Path, *options: str, nodes: int = 2) -> list[tuple[int, str]]:
     argv = [
         str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
         str(tmp_path / "job"), "--rdzv", "etcd", *options, str(EXAMPLE),
     ]  # fmt: skip
     out, err = subprocess.PIPE, subprocess.STDOUT
     agents = [
-        subprocess.Popen(argv, env=agents_env(job_id, node), stdout=out, stderr=err, text=True)
-        for node in (0, 1)
+        subprocess.Popen(
+            argv, env=agents_env(job_id, node, nodes), stdout=out, stderr=err, text=True
+        )
+        for node in range(nodes)
     ]
     return [(a.wait(timeout=180), a.communicate()[0]) for a in agents]
 
@@ -239,3 +244,21 @@ def test_sidecar_takes_a_free_port_and_is_found_by_its_name(
     assert server.proc.poll() is not None and not server.data_dir.exists()
     assert member_at("127.0.0.1", ports[2]) is None
     assert member_at("127.0.0.1", busy_port) == "test"  # the other etcd is untouched
+
+
+def test_node_multiple_runs_a_multiple_and_the_spare_stands_by(
+    plain: EtcdServer, tmp_path: Path
+) -> None:
+    results = run_agents(
+        8103, tmp_path, "--etcd-endpoint", plain.endpoint, "--nnodes", "2:3",
+        "--node-multiple", "2", nodes=3,
+    )  # fmt: skip
+    assert [status for status, _ in results] == [0, 0, 0], results
+    reports = [
+        json.loads(line.split("ALLREDUCE ", 1)[1])
+        for _, out in results for line in out.splitlines() if "ALLREDUCE " in line
+    ]  # fmt: skip
+    assert sorted(r["rank"] for r in reports) == [0, 1]  # two nodes ran, one worker each
+    assert {r["world_size"] for r in reports} == {2}
+    spares = [out for _, out in results if "ALLREDUCE " not in out]
+    assert len(spares) == 1

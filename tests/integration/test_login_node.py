@@ -21,7 +21,8 @@ try:
     main(sys.argv[1:], prog_name="hpclaunch")
 except SystemExit as exc:
     code = exc.code
-loaded = any(m == "torch" or m.startswith("torch.") for m in sys.modules)
+heavy = ("torch", "etcd3gw", "requests")  # the agent's libraries, imported when used
+loaded = any(m.split(".")[0] in heavy for m in sys.modules)
 print("TORCH_LOADED" if loaded else "NO_TORCH", file=sys.stderr)
 raise SystemExit(code)
 """
@@ -43,6 +44,17 @@ raise SystemExit(code)
         ],
         ["sbatch", "--json", "--dry-run", "-m", "pkg.train"],
         ["sbatch", "--help"],
+        [
+            "sbatch",
+            "--dry-run",
+            "--nodes",
+            "2:3",
+            "--no-kill",
+            "--rdzv",
+            "etcd",
+            "--etcd-sidecar",
+            "train.py",
+        ],
         ["sbatch", "--nodes", "0", "train.py"],
     ],
 )
