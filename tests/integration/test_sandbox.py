@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.sandbox import daemons as daemons_mod
 from hpclaunch.sandbox import net, procs
 from hpclaunch.sandbox.cluster import NodeAction, Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
@@ -228,6 +229,9 @@ def test_kill_node_kills_that_node_only_and_down_leaves_nothing(tmp_path: Path, 
         left = box.down()
     assert left == []
     assert not [t for t in [*daemons, *sleeps["n1"]] if t.alive()]
+    # Nothing that any of its nodes started (the restarted n2's slurmd included) is left.
+    markers = [daemons_mod.node_marker(lay, node.name).encode() for node in lay.nodes]
+    assert not [pid for marker in markers for pid in procs.with_environ(marker)]
     assert net.links_with_prefix(lay.bridge[:6]) == []  # checked apart from down's own list
     assert not box.state_file.exists()
     assert box.down() == []  # idempotent
