@@ -232,9 +232,11 @@ class EtcdHandler(RankedHandler):
             return waiting
         lost = state.round != self._round or len(state.participants) < self._world
         if lost:
+            # A node leaves a round by restarting its workers, or by dying: then its
+            # heartbeats stop, and the first sync after they expire drops it.
             log.warning(
-                "a node of round %d stopped its heartbeats (%d of %d left); starting a new round",
-                self._round, len(state.participants), self._world,
+                "round %d is down to %d of %d nodes; starting a new round without the "
+                "missing ones", self._round, len(state.participants), self._world,
             )  # fmt: skip
             self._round = None  # report it once
             self._lost_peer = True

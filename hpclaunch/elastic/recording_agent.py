@@ -51,7 +51,7 @@ class RecordingAgent(LocalElasticAgent):
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         take = getattr(worker_group.spec.rdzv_handler, "take_lost_peer", None)
         if take is not None and take():
-            log.info("a peer node is lost: workers get %d s to exit", LOST_PEER_GRACE_S)
+            log.info("a node left the round: workers get %d s to exit", LOST_PEER_GRACE_S)
             self._shutdown(timeout=LOST_PEER_GRACE_S)
         else:
             super()._stop_workers(worker_group)

@@ -133,4 +133,4 @@ def test_a_lost_node_shrinks_the_job_without_a_requeue(
     assert result["world_size"] == 4 and result["steps"] == 40
     assert job.fields()["Restarts"] == "0"
     assert job.history() == [(0, "completed", "none")]
-    assert "stopped its heartbeats (2 of 3 left)" in job.log
+    assert "round 0 is down to 2 of 3 nodes" in job.log
