@@ -500,6 +500,12 @@ def agent(
         ctx = node_agent.context(obj.env, opts, obj.slurm)
         master = master_addr or node_agent.reachable_addr(ctx.first_host, obj.slurm)
         local = master if ctx.node_rank == 0 else node_agent.reachable_addr(ctx.hostname, obj.slurm)
+        if not dry_run:  # from here on the agent logs, the sidecar's start included
+            logging.basicConfig(
+                level=logging.INFO,
+                format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
+                force=True,
+            )
         if opts.etcd.sidecar:
             opts, sidecar = node_agent.etcd_sidecar(ctx, opts, master, start=not dry_run)
         settings = node_agent.launch_settings(ctx, opts, master, local)
@@ -530,11 +536,6 @@ def agent(
         }  # fmt: skip
         click.echo(json.dumps(payload, indent=2))
         return
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
-        force=True,
-    )
     try:
         status = node_agent.launch(ctx, opts, settings, obj.env)
     finally:

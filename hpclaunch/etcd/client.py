@@ -365,7 +365,7 @@ class KeyWatch:
         with response:
             if response.status_code != 200:
                 raise EtcdError(f"watch refused: {_message(response.text)}")
-            for line in response.iter_lines():
+            for line in response.iter_lines(chunk_size=None):  # each event as it comes
                 if self._stopped:
                     return
                 if line:
