@@ -1,7 +1,7 @@
 """--rdzv etcd on the SLURM sandbox: agents on their nodes (their own network
 namespaces where the machine allows) rendezvous through a real etcd on the
 controller's address, through the sidecar, and through TLS with a user; and an
-elastic job survives a lost node without a requeue."""
+elastic job survives a lost node without a requeue, on fewer nodes or with a spare."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from hpclaunch.hostlist import expand
 from hpclaunch.sandbox import procs
 from tests.integration.etcd_fixture import PASSWORD, USER, EtcdServer, etcd_server
+from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
 from tests.integration.test_agent import finished, reports, submit
 from tests.integration.test_fault_tolerance import submit as submit_training
@@ -134,3 +135,49 @@ def test_a_lost_node_shrinks_the_job_without_a_requeue(
     assert job.fields()["Restarts"] == "0"
     assert job.history() == [(0, "completed", "none")]
     assert "round 0 is down to 2 of 3 nodes" in job.log
+
+
+def worker_nodes(job_id: int) -> set[str]:
+    """The nodes where workers of the job run (processes with torchrun's LOCAL_RANK)."""
+    found = set()
+    for pid in procs.with_environ(f"SLURM_JOB_ID={job_id}".encode()):
+        try:
+            entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+        if "LOCAL_RANK" in env:
+            found.add(env["SLURMD_NODENAME"])
+    return found
+
+
+def test_a_spare_node_takes_the_place_of_a_lost_one(
+    sandbox: Running, etcd_on_host: EtcdServer, tmp_path: Path
+) -> None:
+    options = (
+        "--nodes", "2:3", "--no-kill", "--node-multiple", "2", "--rdzv", "etcd",
+        "--etcd-endpoint", etcd_on_host.endpoint,
+    )  # fmt: skip
+    job = submit_training(sandbox, tmp_path, "--steps", "40", "--step-time", "0.3",
+                          options=options)  # fmt: skip
+    job.wait_checkpoint(9)
+    nodes = expand(job.fields()["NodeList"])
+    assert len(nodes) == 3, f"SLURM gave {nodes}, not the 3 of --nodes 2:3"
+    running = worker_nodes(job.id)
+    assert len(running) == 2, running  # a multiple of 2: the third node stands by
+    [spare] = set(nodes) - running
+    lost = next(node for node in sorted(running) if node != nodes[0])  # not the batch node
+    try:
+        sandbox.box.kill_node(lost)
+        saved = sorted(p.name for p in (job.job_dir / "checkpoints").glob("step-*.pt"))
+        wait_for(lambda: spare in worker_nodes(job.id), timeout_s=60,
+                 what=f"the spare {spare} to run workers")  # fmt: skip
+        assert job.wait_end() == "COMPLETED", job.log
+    finally:
+        sandbox.box.start_node(lost)
+    last_step = int(saved[-1].removeprefix("step-").removesuffix(".pt"))
+    starts = job.lines("START")
+    assert [(s["attempt"], s["world_size"]) for s in starts] == [("0", 4), ("1", 4)]  # same size
+    assert starts[1]["step"] == last_step + 1
+    assert job.fields()["Restarts"] == "0"
+    assert job.history() == [(0, "completed", "none")]
