@@ -64,6 +64,7 @@ __all__ = [
     "path_for",
     "prune",
     "save",
+    "stop_received",
     "write_atomic",
 ]
 
@@ -243,6 +244,15 @@ def load_latest(
     return Loaded(found.step, state, found.path)
 
 
+_received: signal.Signals | None = None  # the last stop signal any Preemption flag got
+
+
+def stop_received() -> signal.Signals | None:
+    """The stop signal this process got through a ``Preemption`` flag, if any: the
+    Python API's workers then leave no result, since the job is being requeued."""
+    return _received
+
+
 class Preemption:
     """A flag set by the stop signals; the training loop polls it at step boundaries.
 
@@ -263,7 +273,8 @@ class Preemption:
         return flag
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.signal = signal.Signals(signum)
+        global _received
+        self.signal = _received = signal.Signals(signum)
 
     @property
     def requested(self) -> bool:

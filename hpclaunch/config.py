@@ -258,12 +258,18 @@ def flag_for(key: str) -> str:
     return _FLAG_SPELLING.get(key, "--" + key.replace("_", "-"))
 
 
-def build_spec(entry: Entry, flags: Mapping[str, Any], profile: Profile | None) -> JobSpec:
+def build_spec(
+    entry: Entry,
+    flags: Mapping[str, Any],
+    profile: Profile | None,
+    spell: Callable[[str], str] = flag_for,
+) -> JobSpec:
     """Merge defaults < profile < flags into a JobSpec.
 
-    ``flags`` maps JobSpec field names to values given on the command line
-    (absent or None when not given). Raises SpecError, prefixed with where
-    each value it names came from.
+    ``flags`` maps JobSpec field names to values given on the command line, or
+    through the Python API (absent or None when not given); ``spell`` names a
+    key as its user typed it, for messages. Raises SpecError, prefixed with
+    where each value it names came from.
     """
     key_of = {field: key for key, (field, _) in PROFILE_KEYS.items()}
     fields: dict[str, Any] = {}
@@ -282,15 +288,13 @@ def build_spec(entry: Entry, flags: Mapping[str, Any], profile: Profile | None) 
         elif field == "setup" and field in fields:
             value = fields[field] + tuple(value)
         fields[field] = value
-        sources[key_of[field]] = flag_for(key_of[field])
+        sources[key_of[field]] = spell(key_of[field])
     try:
         return JobSpec(entrypoint=entry.target, args=entry.args, entry_kind=entry.kind, **fields)
     except SpecError as exc:
         named = [sources[k] for k in exc.fields if k in sources]
         named += [
-            f"the default {flag_for(k)}"
-            for k in exc.fields
-            if k in PROFILE_KEYS and k not in sources
+            f"the default {spell(k)}" for k in exc.fields if k in PROFILE_KEYS and k not in sources
         ]
         where = " and ".join(named) or "the command line"  # script, module, args
         raise SpecError(exc.field, f"{where}: {exc.message}", exc.fields[1:]) from None

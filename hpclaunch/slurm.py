@@ -192,9 +192,21 @@ class Slurm:
         """``scontrol show topology`` as printed (see context.parse_topology)."""
         return self._run(("scontrol", "show", "topology")).stdout
 
-    def job_fields(self, job_id: int) -> dict[str, str]:
+    def job_fields(self, job_id: int | str) -> dict[str, str]:
         """``scontrol show job JOBID`` as KEY=VALUE pairs. Raises SlurmError."""
         return parse_show_job(self._run(("scontrol", "show", "job", str(job_id))).stdout)
+
+    def accounted_job(self, job_id: int | str) -> dict[str, str]:
+        """The job's State and NodeList from ``sacct`` (an empty dict when sacct does
+        not know it). Raises SlurmError, also where there is no accounting database."""
+        argv = ("sacct", "--noheader", "--allocations", "--parsable2",
+                "--format=State,NodeList", f"--jobs={job_id}")  # fmt: skip
+        lines = [line for line in self._run(argv).stdout.splitlines() if line.strip()]
+        if not lines:
+            return {}
+        state, _, nodes = lines[-1].partition("|")
+        words = state.split()  # "CANCELLED by 0"
+        return {"State": words[0] if words else "", "NodeList": nodes}
 
     def requeue(self, job_id: int) -> None:
         """``scontrol requeue JOBID``: SLURM stops every process of the job and queues it
