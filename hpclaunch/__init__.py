@@ -17,11 +17,25 @@ from hpclaunch.values import NodeRange
 
 __version__ = "0.1.0"
 
+_LAZY = {"Executor", "ExecutorError", "Job"}  # hpclaunch.executor imports submitit
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from hpclaunch import executor
+
+        return getattr(executor, name)
+    raise AttributeError(f"module 'hpclaunch' has no attribute {name!r}")
+
+
 __all__ = [
     "ConfigError",
     "EntryKind",
+    "Executor",
+    "ExecutorError",
     "GpuDirective",
     "HpclaunchError",
+    "Job",
     "JobSpec",
     "NodeRange",
     "Rendezvous",

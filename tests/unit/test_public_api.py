@@ -9,8 +9,11 @@ def test_all_is_pinned() -> None:
     assert sorted(hpclaunch.__all__) == [
         "ConfigError",
         "EntryKind",
+        "Executor",
+        "ExecutorError",
         "GpuDirective",
         "HpclaunchError",
+        "Job",
         "JobSpec",
         "NodeRange",
         "Rendezvous",

@@ -1,0 +1,261 @@
+"""``hpclaunch.Executor``: submitit's executor interface, hpclaunch's jobs underneath.
+
+Each submitted call becomes one hpclaunch job: the rendered sbatch script (the
+supervisor, one agent per node, torch's elastic agent) whose workers all run
+the call with torchrun's environment. submitit pickles the call and gives back
+its ``Job``; hpclaunch's ``Job`` adds the rank logs and the root cause.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from submitit.core import utils
+from submitit.local.local import LocalExecutor
+from submitit.slurm.slurm import SlurmExecutor
+
+from hpclaunch.config import load_profile
+from hpclaunch.errors import HpclaunchError, SlurmError
+from hpclaunch.executor import params as parameters
+from hpclaunch.executor.jobs import AnyJob, Job, LocalJob, attach
+from hpclaunch.render import render
+from hpclaunch.spec import JobSpec
+
+R = TypeVar("R")
+# submitit's local controller ends a job after its timeout: "no limit" is a year.
+LOCAL_NO_LIMIT_MIN = 365 * 24 * 60
+
+
+class ExecutorError(HpclaunchError):
+    """The executor cannot be set up or cannot submit; the message says why and the fix."""
+
+
+def run_script(path: str, args: Sequence[str]) -> None:
+    """What ``submit_script`` runs on every rank: ``path`` as ``__main__`` with ``args``.
+    ``sys.exit(0)`` is success; any other exit status fails the rank."""
+    import runpy
+
+    sys.argv = [path, *args]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise RuntimeError(f"{path} exited with status {exc.code!r}") from exc
+
+
+class _SlurmBackend(SlurmExecutor):
+    """submitit's SlurmExecutor, submitting hpclaunch's rendered script."""
+
+    job_class = Job
+
+    def __init__(self, folder: Path, spec: Callable[[], JobSpec]) -> None:
+        super().__init__(folder)
+        self._spec = spec
+        self.parallelism: int | None = None  # the array's concurrency limit
+        self.array: tuple[int, int | None] | None = None  # (tasks, parallelism) being submitted
+
+    def job_spec(self) -> JobSpec:
+        spec = self._spec()
+        if self.array is None:
+            return spec
+        count, parallelism = self.array
+        value = f"0-{count - 1}" + (f"%{parallelism}" if parallelism else "")
+        from dataclasses import replace
+
+        return replace(spec, sbatch_options=(*spec.sbatch_options, ("array", value)))
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        spec = self.job_spec()
+        Path(spec.log_dir).mkdir(parents=True, exist_ok=True)  # SLURM does not create it
+        return render(spec)
+
+    def _num_tasks(self) -> int:
+        return 1  # one result, global rank 0's
+
+    def _submit_command(self, command: str) -> Any:
+        before = set(self.folder.glob(".submission_file_*"))
+        try:
+            return super()._submit_command(command)
+        except utils.FailedJobError as exc:
+            for path in set(self.folder.glob(".submission_file_*")) - before:
+                path.unlink(missing_ok=True)
+            raise SlurmError(("sbatch",), 1, str(exc), f"sbatch refused the job: {exc}") from None
+
+    def _internal_process_submissions(
+        self, delayed_submissions: list[utils.DelayedSubmission]
+    ) -> list[Any]:
+        return _submit_pickled(self, delayed_submissions)
+
+
+class _LocalBackend(LocalExecutor):
+    """submitit's LocalExecutor, running one hpclaunch node on this machine."""
+
+    def __init__(self, folder: Path, spec: Callable[[], JobSpec]) -> None:
+        super().__init__(folder)
+        self._spec = spec
+        self.parallelism: int | None = None  # arrays run one job after the other here
+        self.array: tuple[int, int | None] | None = None
+
+    @property
+    def _submitit_command_str(self) -> str:
+        spec = self._spec()
+        return shlex.join([
+            sys.executable, "-u", "-m", "hpclaunch.executor.local_node",
+            "--nproc-per-node", str(spec.effective_nproc_per_node),
+            "--max-restarts", str(spec.max_restarts), "--grace-period", str(spec.agent_grace_s),
+            str(self.folder),
+        ])  # fmt: skip
+
+    def _num_tasks(self) -> int:
+        return 1
+
+    def _submit_command(self, command: str) -> Any:
+        spec = self._spec()
+        limit = spec.time_limit.total_seconds() / 60 if spec.time_limit else LOCAL_NO_LIMIT_MIN
+        self.parameters.update(
+            tasks_per_node=1, timeout_min=limit, signal_delay_s=spec.signal_lead_s,
+            stderr_to_stdout=True, setup=list(spec.setup),
+        )  # fmt: skip
+        started: Any = super()._submit_command(command)
+        return LocalJob(self.folder, started.job_id, tasks=[0], process=started._process)
+
+    def _internal_process_submissions(
+        self, delayed_submissions: list[utils.DelayedSubmission]
+    ) -> list[Any]:
+        jobs = []
+        for delayed in delayed_submissions:  # no arrays here: one after the other
+            jobs += _submit_pickled(self, [delayed])
+        return jobs
+
+
+def _submit_pickled(
+    backend: _SlurmBackend | _LocalBackend, delayed: list[utils.DelayedSubmission]
+) -> list[Any]:
+    """Pickle the calls, submit them as one job (or one array), move each pickle to
+    its job's name. If the submission fails, no pickle is left behind."""
+    backend.folder.mkdir(parents=True, exist_ok=True)
+    spec = backend._spec()
+    minutes = int(spec.time_limit.total_seconds() // 60) if spec.time_limit else 0
+    pickles = []
+    try:
+        for call in delayed:
+            path = backend.folder / f".{uuid.uuid4().hex}.pkl"
+            pickles.append(path)
+            call.set_timeout(minutes, backend.max_num_timeout)
+            call.dump(path)
+        if len(delayed) > 1:
+            backend.array = (len(delayed), backend.parallelism)
+        try:
+            first = backend._submit_command(backend._submitit_command_str)
+        finally:
+            backend.array = None
+    except BaseException:
+        for path in pickles:
+            path.unlink(missing_ok=True)
+        raise
+    if len(delayed) == 1:
+        jobs = [first]
+    else:
+        jobs = [Job(backend.folder, f"{first.job_id}_{i}", tasks=[0]) for i in range(len(delayed))]
+    for job, path in zip(jobs, pickles, strict=True):
+        attach(job, Path(spec.log_dir), spec.effective_job_name)
+        job.paths.move_temporary_file(path, "submitted_pickle")
+    return jobs
+
+
+class Executor:
+    """Submit Python calls as hpclaunch jobs, with submitit's interface.
+
+    ``folder`` holds the pickles, results and (unless ``log_dir`` is given) the
+    logs; it must be shared by this machine and every node. ``cluster`` is
+    ``"slurm"`` (the default) or ``"local"`` (one node on this machine, no
+    SLURM). ``profile`` names a profile as ``--profile`` does. The parameters
+    are the profile keys (``nodes``, ``nproc_per_node``, ``gpus_per_node``,
+    ``time``, ``partition``, ``checkpoint_dir``, ``max_requeues``, ...), also
+    accepted later by ``update_parameters``.
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        cluster: str = "slurm",
+        profile: str | None = None,
+        **params: Any,
+    ) -> None:
+        if "%" in os.fspath(folder):
+            raise ExecutorError(
+                f"folder {os.fspath(folder)!r} (from hpclaunch.Executor) has a '%': hpclaunch "
+                "keeps one folder per job inside it by itself; give a plain folder"
+            )
+        if cluster not in parameters.CLUSTERS:
+            raise ExecutorError(
+                f"cluster {cluster!r} (from hpclaunch.Executor) is not one of "
+                f"{', '.join(map(repr, parameters.CLUSTERS))}"
+            )
+        if cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ExecutorError(
+                "cluster='slurm' (from hpclaunch.Executor), but there is no sbatch on PATH; "
+                "run on a SLURM login node, or pass cluster='local' to run on this machine"
+            )
+        self.folder = Path(folder).expanduser().absolute()
+        self.cluster = cluster
+        self._profile = load_profile(profile, Path.cwd(), os.environ)
+        self._params = parameters.convert(params)
+        self.spec  # noqa: B018  (validates now: bad parameters fail here, not at submit)
+        self._backend: _SlurmBackend | _LocalBackend
+        if cluster == "slurm":
+            self._backend = _SlurmBackend(self.folder, lambda: self.spec)
+        else:
+            self._backend = _LocalBackend(self.folder, lambda: self.spec)
+        self._backend.parallelism = self._params.array_parallelism
+
+    @property
+    def spec(self) -> JobSpec:
+        """The JobSpec a submission gets now. Raises SpecError naming the parameter."""
+        bin_dir = Path(sys.executable).parent
+        path = None
+        if (bin_dir / "hpclaunch").exists():
+            path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        return parameters.job_spec(self.folder, self._params, self._profile, path)
+
+    def update_parameters(self, **params: Any) -> None:
+        """Change parameters for the next submissions; nothing changes if one is invalid."""
+        before = self._params
+        self._params = parameters.convert(params, before)
+        try:
+            self.spec  # noqa: B018
+        except HpclaunchError:
+            self._params = before
+            raise
+        self._backend.parallelism = self._params.array_parallelism
+
+    def script(self) -> str:
+        """The sbatch script a ``submit`` would send now (nothing is submitted)."""
+        return render(self.spec)
+
+    def submit(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> AnyJob[R]:
+        """Run ``fn(*args, **kwargs)`` on every worker rank; ``job.result()`` is rank 0's."""
+        return cast("AnyJob[R]", self._backend.submit(fn, *args, **kwargs))
+
+    def submit_script(self, path: str | os.PathLike[str], args: Iterable[str] = ()) -> AnyJob[None]:
+        """Run the Python script ``path`` with ``args`` on every worker rank."""
+        script = Path(path).expanduser().absolute()
+        if not script.is_file():
+            raise ExecutorError(
+                f"script {os.fspath(path)!r} (from submit_script) is not a file; "
+                "give the path of a Python script"
+            )
+        return self.submit(run_script, str(script), [str(arg) for arg in args])
+
+    def map_array(self, fn: Callable[..., R], *iterables: Iterable[Any]) -> list[AnyJob[R]]:
+        """One job per element (a SLURM job array; at most ``array_parallelism`` run
+        at once), each on ``nodes`` nodes."""
+        return cast("list[AnyJob[R]]", self._backend.map_array(fn, *iterables))

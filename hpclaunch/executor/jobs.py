@@ -1,0 +1,190 @@
+"""The job handles ``hpclaunch.Executor`` returns: submitit's ``Job`` with
+hpclaunch's logs, failures and a state that needs no accounting database.
+
+``result()`` returns global rank 0's return value. When the job ends without
+one, it raises submitit's ``FailedJobError`` with hpclaunch's root-cause block
+(the first failing rank, its node and its traceback), or ``UncompletedJobError``
+with the SLURM state and the end of the batch log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from submitit.core.utils import UncompletedJobError
+from submitit.local.local import LocalJob as _SubmititLocalJob
+from submitit.slurm.slurm import SlurmInfoWatcher
+from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
+
+from hpclaunch.errors import SlurmError
+from hpclaunch.executor.worker import info_path
+from hpclaunch.slurm import Slurm
+
+R = TypeVar("R")
+
+# SLURM states after which a job runs no more (a requeued job passes through
+# REQUEUED and PENDING, which are not among them).
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT",
+})  # fmt: skip
+LOG_TAIL_LINES = 40
+# After SLURM says the job ended, how long result() waits for rank 0's result
+# file to be visible (a shared filesystem may show it late).
+RESULT_GRACE_S = 5.0
+
+
+class ScontrolWatcher(SlurmInfoWatcher):
+    """Job states from ``scontrol show job``, which needs no accounting database,
+    then from ``sacct`` once SLURM has forgotten the job (after MinJobAge)."""
+
+    def __init__(self, delay_s: int = 30, slurm: Slurm | None = None) -> None:
+        super().__init__(delay_s)
+        self._slurm = slurm or Slurm()
+
+    def get_state(self, job_id: str, mode: str = "standard") -> str:
+        return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"
+
+    def is_done(self, job_id: str, mode: str = "standard") -> bool:
+        return self.get_state(job_id, mode=mode).split()[0] in FINAL_STATES
+
+    def update(self) -> None:
+        self._num_calls += 1
+        for job_id in sorted(self._registered - self._finished):
+            info = self._query(job_id)
+            if info:
+                self._info_dict[job_id] = info
+        self._last_status_check = time.time()
+        for job_id in self._registered - self._finished:
+            if self.is_done(job_id, mode="cache"):
+                self._finished.add(job_id)
+
+    def _query(self, job_id: str) -> dict[str, str]:
+        try:
+            fields = self._slurm.job_fields(job_id)
+        except SlurmError:
+            try:
+                return self._slurm.accounted_job(job_id)
+            except SlurmError:
+                return {}
+        return {
+            "State": fields.get("JobState", ""), "NodeList": fields.get("NodeList", ""),
+            "JobId": fields.get("JobId", ""), "Restarts": fields.get("Restarts", ""),
+        }  # fmt: skip
+
+
+class _HpclaunchLogs:
+    """Where an hpclaunch job's logs and failure records are, for both backends."""
+
+    job_id: str
+    _log_dir: Path
+    _job_name: str
+
+    def _info(self) -> dict[str, Any]:
+        try:
+            data = json.loads(info_path(self._folder(), self.job_id).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _folder(self) -> Path:
+        folder: Path = self.paths.folder  # type: ignore[attr-defined]
+        return folder
+
+    @property
+    def slurm_job_id(self) -> str:
+        """SLURM's own id of the job (an array task has one besides ``123_4``)."""
+        return str(self._info().get("slurm_job_id") or self.job_id)
+
+    @property
+    def job_dir(self) -> Path:
+        """hpclaunch's folder of this job: rank logs, failure records, checkpoints."""
+        given = self._info().get("job_dir")
+        return Path(given) if given else self._log_dir / self.slurm_job_id
+
+    def rank_log(self, rank: int, kind: str = "out") -> Path | None:
+        """The latest run's log of global ``rank``: ``kind`` is ``out``, ``err`` or
+        ``json`` (torch's error file). None while there is none."""
+        found = []
+        for path in self.job_dir.glob(f"logs/requeue-*/step-*/attempt-*/rank-{rank}.{kind}"):
+            attempt, requeue = path.parents[0].name, path.parents[2].name
+            found.append((_number(requeue), _number(attempt), path))
+        return max(found)[2] if found else None
+
+    def root_cause(self) -> str | None:
+        """The root-cause block of the job's last failed run, if any."""
+        runs = sorted((_number(p.name), p) for p in (self.job_dir / "failures").glob("requeue-*"))
+        for _, folder in reversed(runs):
+            for block in sorted(folder.glob("root-cause-*.txt")):
+                try:
+                    return block.read_text()
+                except OSError:
+                    continue
+        return None
+
+    def _missing_result(self, state: str, log: str | None) -> tuple[str, Any]:
+        block = self.root_cause()
+        if block is not None:
+            return "error", block
+        lines = [f"job {self.job_id} ended ({state}) without a result from rank 0"]
+        if log:
+            lines += ["the end of its log:", *log.splitlines()[-LOG_TAIL_LINES:]]
+        raise UncompletedJobError("\n".join(lines))
+
+
+def _number(name: str) -> int:
+    try:
+        return int(name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+class Job(_HpclaunchLogs, _SubmititSlurmJob[R]):
+    """A job submitted to SLURM by ``hpclaunch.Executor``."""
+
+    watcher = ScontrolWatcher()
+
+    @property
+    def batch_log(self) -> Path:
+        """The batch step's log: the supervisor's and every agent's output."""
+        return self._log_dir / f"{self._job_name}-{self.slurm_job_id}.out"
+
+    def stdout(self) -> str | None:
+        try:
+            return self.batch_log.read_text(errors="replace")
+        except OSError:
+            return None
+
+    def stderr(self) -> str | None:
+        """SLURM writes the batch step's stderr into the same log: see ``stdout()``."""
+        return None
+
+    def _get_outcome_and_result(self) -> tuple[str, Any]:
+        deadline = time.monotonic() + RESULT_GRACE_S
+        while not self.paths.result_pickle.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.paths.result_pickle.exists():
+            return super()._get_outcome_and_result()
+        return self._missing_result(self.state, self.stdout())
+
+
+class LocalJob(_HpclaunchLogs, _SubmititLocalJob[R]):
+    """A job run on this machine by ``hpclaunch.Executor(cluster="local")``."""
+
+    def _get_outcome_and_result(self) -> tuple[str, Any]:
+        if self.paths.result_pickle.exists():
+            return super()._get_outcome_and_result()
+        return self._missing_result(self.state, self.stdout())
+
+
+def attach(job: Any, log_dir: Path, job_name: str) -> None:
+    """Give a job made by submitit what hpclaunch needs to find its logs."""
+    job._log_dir = log_dir
+    job._job_name = job_name
+
+
+# What an Executor returns: a SLURM job, or a job on this machine (cluster="local").
+AnyJob = Job[R] | LocalJob[R]

@@ -1,0 +1,132 @@
+"""Python API parameters → ``JobSpec``. Pure: no I/O, no submitit.
+
+The parameters are the profile keys (``hpclaunch.config.PROFILE_KEYS``), so the
+CLI, profiles and the Python API share one list and one set of converters.
+submitit's common names are accepted too (``timeout_min``, ``mem_gb``,
+``tasks_per_node``, ``name``, ``slurm_*``), as are two that only the executor
+has: ``array_parallelism`` and ``cluster``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpclaunch.config import PROFILE_KEYS, Entry, Profile, build_spec
+from hpclaunch.errors import SpecError
+from hpclaunch.spec import EntryKind, JobSpec
+
+# The module every worker rank runs: it loads the pickled call and runs it.
+WORKER_MODULE = "hpclaunch.executor.worker"
+CLUSTERS = ("slurm", "local")
+
+# submitit's names → (profile key, how the value becomes that key's value).
+_SUBMITIT_NAMES: Mapping[str, str] = {
+    "timeout_min": "time",
+    "mem_gb": "mem",
+    "name": "job_name",
+    "tasks_per_node": "nproc_per_node",
+}
+
+
+class ParameterError(SpecError):
+    """An Executor parameter is unknown or invalid; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """What ``update_parameters`` has been given so far, converted."""
+
+    fields: Mapping[str, Any]  # JobSpec field -> value
+    given: Mapping[str, str]  # profile key -> the parameter name the user typed
+    array_parallelism: int | None = None
+
+
+def _profile_key(name: str) -> str:
+    """The profile key a parameter name stands for (raises ParameterError)."""
+    key = _SUBMITIT_NAMES.get(name, name.removeprefix("slurm_"))
+    if key in PROFILE_KEYS:
+        return key
+    known = [*PROFILE_KEYS, *_SUBMITIT_NAMES, "array_parallelism"]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(known)}"
+    raise ParameterError(name, f"update_parameters: unknown parameter {name!r}; {hint}")
+
+
+def _submitit_value(name: str, value: Any) -> Any:
+    """submitit's units in hpclaunch's: minutes and gigabytes as SLURM strings."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ParameterError(name, f"update_parameters({name}={value!r}): give a number")
+    if name == "timeout_min":
+        whole = int(value) + (int(value) != value)  # SLURM counts whole minutes
+        return str(whole)
+    if name == "mem_gb":
+        return f"{int(value * 1024)}M"
+    return value
+
+
+def convert(params: Mapping[str, Any], before: Parameters | None = None) -> Parameters:
+    """Merge ``params`` into ``before``. Raises ParameterError naming the parameter."""
+    fields = dict(before.fields) if before else {}
+    given = dict(before.given) if before else {}
+    parallelism = before.array_parallelism if before else None
+    for name, raw in params.items():
+        if name in ("array_parallelism", "slurm_array_parallelism"):
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+                raise ParameterError(
+                    name, f"update_parameters({name}={raw!r}): give a whole number of 1 or more"
+                )
+            parallelism = raw
+            continue
+        key = _profile_key(name)
+        value = _submitit_value(name, raw) if name in ("timeout_min", "mem_gb") else raw
+        field, converter = PROFILE_KEYS[key]
+        try:
+            fields[field] = converter(value)
+        except TypeError as exc:
+            raise ParameterError(
+                name, f"update_parameters({name}={raw!r}): the value is not {exc}; fix the value"
+            ) from None
+        except SpecError as exc:
+            raise ParameterError(name, f"update_parameters({name}=...): {exc.message}") from None
+        given[key] = name
+    return Parameters(fields, given, parallelism)
+
+
+def job_spec(
+    folder: Path, params: Parameters, profile: Profile | None, path: str | None = None
+) -> JobSpec:
+    """The JobSpec of a function job whose pickles live in ``folder``.
+
+    Every worker rank runs ``python -m hpclaunch.executor.worker FOLDER``.
+    Unless a profile or parameter sets them, the logs go under ``folder``, and
+    the job's PATH is ``path`` when given (the executor passes the submitting
+    Python's bin folder first, so the job runs the submitter's hpclaunch).
+    """
+    fields = dict(params.fields)
+    if "log_dir" not in fields and (profile is None or "log_dir" not in profile.values):
+        fields["log_dir"] = str(folder)
+    env = dict(profile.values.get("env", ()) if profile else ())
+    env.update(fields.get("env", ()))
+    # submitit.JobEnvironment() in the workers (and in the user's function) knows it is
+    # in a SLURM job by this variable, which submitit's own scripts export.
+    added = [("SUBMITIT_EXECUTOR", "slurm")]
+    if path is not None and "PATH" not in env:
+        added.append(("PATH", path))
+    fields["env"] = (*fields.get("env", ()), *added)
+    entry = Entry(WORKER_MODULE, (str(folder),), EntryKind.MODULE)
+
+    def spell(key: str) -> str:
+        return f"update_parameters({params.given.get(key, key)}=...)"
+
+    spec = build_spec(entry, fields, profile, spell)
+    if any(key == "array" for key, _ in spec.sbatch_options):
+        raise ParameterError(
+            "sbatch_options",
+            "update_parameters(sbatch_options=...): 'array' is set by map_array; "
+            "use map_array(...) with array_parallelism=N instead",
+        )
+    return spec

@@ -1,0 +1,182 @@
+"""What every worker rank of an ``hpclaunch.Executor`` job runs:
+``python -m hpclaunch.executor.worker FOLDER``.
+
+It loads the call submitit pickled into FOLDER and makes it on this rank, with
+torchrun's environment already set by the agent. Global rank 0 saves the
+return value where submitit's ``job.result()`` reads it. A raised exception
+goes to torch's error file (``@record``), from which the supervisor and
+``job.result()`` name the first failing rank.
+
+Stop signals (preemption, the time-limit warning, ``scontrol requeue``,
+``scancel``): when the function did not install its own
+``hpclaunch.checkpoint.Preemption`` flag, the signal ends it here. A callable
+with submitit's ``checkpoint()`` method is asked for its checkpoint first (on
+rank 0), and what it returns replaces the pickled call for the next run. A
+stopped rank leaves no result: the job is requeued and runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hpclaunch import checkpoint
+
+log = logging.getLogger("hpclaunch.executor")
+
+# How long a rank waits for submitit to move the pickle into place: sbatch
+# returns the job id before submitit renames the pickle, and a job may start first.
+PICKLE_WAIT_S = 60.0
+INFO_SUFFIX = "_hpclaunch.json"
+
+
+class Stopped(BaseException):
+    """Raised inside the function by a stop signal it did not handle itself."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def info_path(folder: Path, job_id: str) -> Path:
+    """Where rank 0 notes which SLURM job (and job folder) ran submitit's ``job_id``:
+    an array task's submitit id (``123_4``) is not its SLURM job id."""
+    return folder / f"{job_id}{INFO_SUFFIX}"
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise FileNotFoundError(
+                f"the job's pickled call {path} did not appear within {timeout_s:.0f} s; "
+                "the folder given to hpclaunch.Executor must be shared by the submitting "
+                "machine and every node"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    raw = (json.dumps(data, indent=2) + "\n").encode()
+    checkpoint.write_atomic(path, lambda handle: handle.write(raw), replace=True)
+
+
+def _install_stop(delayed: Any, pickle_path: Path, rank: int) -> None:
+    """Stop signals end the call, after a submitit-style ``checkpoint()`` on rank 0."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        for sig in checkpoint.STOP_SIGNALS:  # one signal is enough; more must not interrupt
+            signal.signal(sig, signal.SIG_IGN)
+        if rank == 0 and hasattr(delayed.function, "checkpoint"):
+            log.info("%s: calling the function's checkpoint()", signal.Signals(signum).name)
+            renewed = delayed._checkpoint_function()
+            if renewed is not None:
+                renewed.set_timeout(delayed._timeout_min, delayed._timeout_countdown)
+                _dump(renewed, pickle_path)
+        raise Stopped(signum)
+
+    for sig in checkpoint.STOP_SIGNALS:
+        signal.signal(sig, stop)
+
+
+def _dump(delayed: Any, path: Path) -> None:
+    """Replace the pickled call atomically (the next run loads it)."""
+    import cloudpickle  # type: ignore[import-untyped]
+
+    checkpoint.write_atomic(path, lambda handle: cloudpickle.dump(delayed, handle), replace=True)
+
+
+def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
+    """Make this rank's call; returns the exit status."""
+    from submitit import JobEnvironment
+    from submitit.core.utils import DelayedSubmission, JobPaths
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    environ = os.environ if env is None else env
+    rank = int(environ["RANK"])
+    job_id = JobEnvironment().job_id
+    paths = JobPaths(folder, job_id=job_id, task_id=0)
+    if rank == 0:
+        _write_json(info_path(folder, job_id), {
+            "slurm_job_id": environ.get("SLURM_JOB_ID"),
+            "job_dir": environ.get("HPCLAUNCH_JOB_DIR"),
+            "requeue": int(environ.get("HPCLAUNCH_REQUEUE_COUNT") or 0),
+        })  # fmt: skip
+    _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
+    delayed = DelayedSubmission.load(paths.submitted_pickle)
+    _install_stop(delayed, paths.submitted_pickle, rank)
+    try:
+        result = record(delayed.result)()
+        if checkpoint.stop_received() is not None:
+            log.info("rank %d: returned after a stop signal; no result, the job runs again", rank)
+            return 0
+        finished = _finished_dir(folder, job_id, environ)
+        _mark_finished(finished, rank)
+        if rank == 0:
+            if not _all_finished(finished, int(environ["WORLD_SIZE"])):
+                log.info("rank 0: stopped while waiting for the other ranks; no result")
+                return 0
+            _dump_result(paths.result_pickle, result)
+            shutil.rmtree(finished.parent, ignore_errors=True)
+    except Stopped as stopped:
+        log.info("rank %d: stopped by %s; no result, the job runs again", rank, stopped)
+    return 0
+
+
+def _finished_dir(folder: Path, job_id: str, environ: Mapping[str, str]) -> Path:
+    """Where the ranks of this run of the worker group note that their call returned."""
+    run = "-".join(
+        environ.get(name) or "0"
+        for name in ("HPCLAUNCH_REQUEUE_COUNT", "HPCLAUNCH_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
+    )
+    return folder / f".{job_id}_finished" / run
+
+
+def _mark_finished(finished: Path, rank: int) -> None:
+    finished.mkdir(parents=True, exist_ok=True)
+    (finished / f"rank-{rank}").touch()
+
+
+def _all_finished(finished: Path, world_size: int) -> bool:
+    """Rank 0 saves its value only once every rank's call has returned: a rank that
+    raises fails the job even after rank 0 is done. If one fails, the agent stops
+    rank 0 here. Returns False when a stop signal came meanwhile."""
+    delay = 0.01
+    while sum(1 for _ in finished.glob("rank-*")) < world_size:
+        if checkpoint.stop_received() is not None:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+    return True
+
+
+def _dump_result(path: Path, result: Any) -> None:
+    import cloudpickle
+
+    checkpoint.write_atomic(
+        path, lambda handle: cloudpickle.dump(("success", result), handle), replace=True
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hpclaunch.executor.worker FOLDER", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="hpclaunch worker: %(message)s")
+    return run(Path(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
