@@ -21,7 +21,8 @@ try:
     main(sys.argv[1:], prog_name="hpclaunch")
 except SystemExit as exc:
     code = exc.code
-heavy = ("torch", "etcd3gw", "requests")  # the agent's libraries, imported when used
+# the agent's libraries, and the Python API's, imported when used
+heavy = ("torch", "etcd3gw", "requests", "submitit")
 loaded = any(m.split(".")[0] in heavy for m in sys.modules)
 print("TORCH_LOADED" if loaded else "NO_TORCH", file=sys.stderr)
 raise SystemExit(code)
@@ -73,6 +74,24 @@ def test_cli_never_imports_torch(tmp_path: Path, args: list[str]) -> None:
     )
     assert result.stderr.strip().endswith("NO_TORCH"), result.stderr
     assert result.returncode in (0, 2)
+
+
+API_PROBE = """
+import sys
+import hpclaunch
+executor = hpclaunch.Executor(sys.argv[1], cluster="local", nodes=1, nproc_per_node=2)
+assert "hpclaunch.executor.worker" in executor.script()
+print("TORCH_LOADED" if "torch" in sys.modules else "NO_TORCH", file=sys.stderr)
+"""
+
+
+def test_the_python_api_submits_without_importing_torch(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", API_PROBE, str(tmp_path / "jobs")], cwd=tmp_path,
+        env=base_env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().endswith("NO_TORCH"), result.stderr
 
 
 def test_real_sbatch_failure_is_shown(tmp_path: Path, hpclaunch_bin: Path) -> None:

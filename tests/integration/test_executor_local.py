@@ -1,0 +1,60 @@
+"""hpclaunch.Executor(cluster="local"): the same function API on this machine, no
+SLURM, real torch. The driver is a user's script: its functions live in __main__,
+so cloudpickle sends them by value."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import base_env
+
+pytestmark = pytest.mark.integration
+
+DRIVER = """
+import json, os, sys
+import hpclaunch
+
+def work(offset):
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(os.environ["RANK"]) + offset])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
+            "sum": total.item(), "job_dir": os.environ["HPCLAUNCH_JOB_DIR"]}
+
+def broken():
+    if os.environ["RANK"] == "1":
+        raise KeyError("rank 1 lost its key")
+
+ex = hpclaunch.Executor(sys.argv[1], cluster="local", nproc_per_node=2, max_restarts=0)
+out = {"result": ex.submit(work, 0.5).result()}
+try:
+    ex.submit(broken).result()
+except Exception as exc:
+    out["error"] = [type(exc).__name__, str(exc)]
+print(json.dumps(out))
+"""
+
+
+def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    done = subprocess.run(
+        [sys.executable, str(driver), str(tmp_path / "jobs")], cwd=tmp_path, env=base_env(),
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    result = out["result"]
+    assert result["rank"] == 0 and result["world_size"] == 2 and result["sum"] == 0 + 1 + 2 * 0.5
+    assert Path(result["job_dir"]).parent == tmp_path / "jobs"
+    kind, message = out["error"]
+    assert kind == "FailedJobError"
+    assert "root cause: rank 1" in message and "KeyError: 'rank 1 lost its key'" in message
+    assert 'driver.py", line' in message
