@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, TypeVar
 
-from submitit.core.utils import UncompletedJobError
+from submitit.core.utils import FailedJobError, UncompletedJobError
 from submitit.local.local import LocalJob as _SubmititLocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher
 from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
 
 from hpclaunch.errors import SlurmError
-from hpclaunch.executor.worker import info_path
+from hpclaunch.executor.files import info_path
 from hpclaunch.slurm import Slurm
 
 R = TypeVar("R")
@@ -29,8 +29,11 @@ R = TypeVar("R")
 # REQUEUED and PENDING, which are not among them).
 FINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT",
+    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "ENDED",
 })  # fmt: skip
+# The state of a job that scontrol no longer knows, where there is no sacct.
+FORGOTTEN = "ENDED"
+INVALID_JOB = "Invalid job id"
 LOG_TAIL_LINES = 40
 # After SLURM says the job ended, how long result() waits for rank 0's result
 # file to be visible (a shared filesystem may show it late).
@@ -65,10 +68,14 @@ class ScontrolWatcher(SlurmInfoWatcher):
     def _query(self, job_id: str) -> dict[str, str]:
         try:
             fields = self._slurm.job_fields(job_id)
-        except SlurmError:
+        except SlurmError as forgotten:
             try:
                 return self._slurm.accounted_job(job_id)
             except SlurmError:
+                if INVALID_JOB in forgotten.stderr:
+                    # Ended longer ago than MinJobAge, and no accounting to ask: it
+                    # runs no more (a controller that cannot be reached says otherwise).
+                    return {"State": FORGOTTEN, "JobId": job_id}
                 return {}
         return {
             "State": fields.get("JobState", ""), "NodeList": fields.get("NodeList", ""),
@@ -125,6 +132,23 @@ class _HpclaunchLogs:
                     continue
         return None
 
+    def exception(self) -> UncompletedJobError | FailedJobError | None:
+        """submitit's, pointing at hpclaunch's logs rather than submitit's."""
+        self.wait()  # type: ignore[attr-defined]
+        try:
+            outcome, block = self._get_outcome_and_result()  # type: ignore[attr-defined]
+        except UncompletedJobError as exc:
+            return exc
+        if outcome != "error":
+            return None
+        return FailedJobError(
+            f"job {self.job_id} failed:\n{str(block).rstrip()}\n"
+            f"every rank's log: {self.job_dir / 'logs'}; the job's: {self._own_log()}"
+        )
+
+    def _own_log(self) -> Path:
+        return self.paths.stdout  # type: ignore[attr-defined,no-any-return]
+
     def _missing_result(self, state: str, log: str | None) -> tuple[str, Any]:
         block = self.root_cause()
         if block is not None:
@@ -151,6 +175,9 @@ class Job(_HpclaunchLogs, _SubmititSlurmJob[R]):
     def batch_log(self) -> Path:
         """The batch step's log: the supervisor's and every agent's output."""
         return self._log_dir / f"{self._job_name}-{self.slurm_job_id}.out"
+
+    def _own_log(self) -> Path:
+        return self.batch_log
 
     def stdout(self) -> str | None:
         try:

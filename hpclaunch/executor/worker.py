@@ -8,11 +8,12 @@ goes to torch's error file (``@record``), from which the supervisor and
 ``job.result()`` name the first failing rank.
 
 Stop signals (preemption, the time-limit warning, ``scontrol requeue``,
-``scancel``): when the function did not install its own
-``hpclaunch.checkpoint.Preemption`` flag, the signal ends it here. A callable
-with submitit's ``checkpoint()`` method is asked for its checkpoint first (on
-rank 0), and what it returns replaces the pickled call for the next run. A
-stopped rank leaves no result: the job is requeued and runs again.
+``scancel``, and the agent stopping the group to restart it): when the function
+did not install its own ``hpclaunch.checkpoint.Preemption`` flag, the signal
+ends it here. A callable with submitit's ``checkpoint()`` method is then asked
+for its checkpoint (on rank 0, outside the signal handler), and what it returns
+replaces the pickled call for the next run, in place or after a requeue. A
+stopped rank leaves no result: the job runs again.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from types import FrameType
 from typing import Any
 
 from hpclaunch import checkpoint
+from hpclaunch.executor.files import finished_dir, finished_root, info_path
 
 log = logging.getLogger("hpclaunch.executor")
 
 # How long a rank waits for submitit to move the pickle into place: sbatch
 # returns the job id before submitit renames the pickle, and a job may start first.
 PICKLE_WAIT_S = 60.0
-INFO_SUFFIX = "_hpclaunch.json"
 
 
 class Stopped(BaseException):
@@ -45,12 +46,6 @@ class Stopped(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-def info_path(folder: Path, job_id: str) -> Path:
-    """Where rank 0 notes which SLURM job (and job folder) ran submitit's ``job_id``:
-    an array task's submitit id (``123_4``) is not its SLURM job id."""
-    return folder / f"{job_id}{INFO_SUFFIX}"
 
 
 def _wait_for(path: Path, timeout_s: float) -> None:
@@ -72,22 +67,27 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     checkpoint.write_atomic(path, lambda handle: handle.write(raw), replace=True)
 
 
-def _install_stop(delayed: Any, pickle_path: Path, rank: int) -> None:
-    """Stop signals end the call, after a submitit-style ``checkpoint()`` on rank 0."""
+def _install_stop() -> None:
+    """Stop signals end the call by raising ``Stopped`` in it. The handler does
+    nothing else: the checkpoint is taken once the call has unwound (see ``run``)."""
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         for sig in checkpoint.STOP_SIGNALS:  # one signal is enough; more must not interrupt
             signal.signal(sig, signal.SIG_IGN)
-        if rank == 0 and hasattr(delayed.function, "checkpoint"):
-            log.info("%s: calling the function's checkpoint()", signal.Signals(signum).name)
-            renewed = delayed._checkpoint_function()
-            if renewed is not None:
-                renewed.set_timeout(delayed._timeout_min, delayed._timeout_countdown)
-                _dump(renewed, pickle_path)
         raise Stopped(signum)
 
     for sig in checkpoint.STOP_SIGNALS:
         signal.signal(sig, stop)
+
+
+def _checkpoint(delayed: Any, pickle_path: Path, signum: int) -> None:
+    """submitit's protocol: the callable's ``checkpoint()`` gives the call the next run
+    makes (None keeps the current one)."""
+    log.info("%s: calling the function's checkpoint()", signal.Signals(signum).name)
+    renewed = delayed._checkpoint_function()
+    if renewed is not None:
+        renewed.set_timeout(delayed._timeout_min, delayed._timeout_countdown)
+        _dump(renewed, pickle_path)
 
 
 def _dump(delayed: Any, path: Path) -> None:
@@ -115,32 +115,25 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
         })  # fmt: skip
     _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
     delayed = DelayedSubmission.load(paths.submitted_pickle)
-    _install_stop(delayed, paths.submitted_pickle, rank)
+    _install_stop()
     try:
         result = record(delayed.result)()
         if checkpoint.stop_received() is not None:
-            log.info("rank %d: returned after a stop signal; no result, the job runs again", rank)
+            log.info("rank %d: returned after a stop signal; no result", rank)
             return 0
-        finished = _finished_dir(folder, job_id, environ)
+        finished = finished_dir(folder, job_id, environ)
         _mark_finished(finished, rank)
         if rank == 0:
             if not _all_finished(finished, int(environ["WORLD_SIZE"])):
                 log.info("rank 0: stopped while waiting for the other ranks; no result")
                 return 0
-            _dump_result(paths.result_pickle, result)
-            shutil.rmtree(finished.parent, ignore_errors=True)
+            record(_dump_result)(paths.result_pickle, result)
+            shutil.rmtree(finished_root(folder, job_id), ignore_errors=True)
     except Stopped as stopped:
-        log.info("rank %d: stopped by %s; no result, the job runs again", rank, stopped)
+        log.info("rank %d: stopped by %s; no result", rank, stopped)
+        if rank == 0 and hasattr(delayed.function, "checkpoint"):
+            record(_checkpoint)(delayed, paths.submitted_pickle, stopped.signum)
     return 0
-
-
-def _finished_dir(folder: Path, job_id: str, environ: Mapping[str, str]) -> Path:
-    """Where the ranks of this run of the worker group note that their call returned."""
-    run = "-".join(
-        environ.get(name) or "0"
-        for name in ("HPCLAUNCH_REQUEUE_COUNT", "HPCLAUNCH_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
-    )
-    return folder / f".{job_id}_finished" / run
 
 
 def _mark_finished(finished: Path, rank: int) -> None:
@@ -164,9 +157,15 @@ def _all_finished(finished: Path, world_size: int) -> bool:
 def _dump_result(path: Path, result: Any) -> None:
     import cloudpickle
 
-    checkpoint.write_atomic(
-        path, lambda handle: cloudpickle.dump(("success", result), handle), replace=True
-    )
+    try:
+        raw = cloudpickle.dumps(("success", result))
+    except Exception as exc:
+        raise TypeError(
+            f"rank 0's return value (a {type(result).__name__}) cannot be pickled: {exc}; "
+            "return plain data (numbers, strings, lists, dicts, tensors) and save the rest "
+            "to files"
+        ) from exc
+    checkpoint.write_atomic(path, lambda handle: handle.write(raw), replace=True)
 
 
 def main(argv: list[str] | None = None) -> int:

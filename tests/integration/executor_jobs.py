@@ -46,6 +46,23 @@ def fail_on(rank: int) -> None:
     time.sleep(120)
 
 
+def fail_once(marker: str) -> dict[str, Any]:
+    """Rank 3 (on the second node) raises the first time; the worker group restarts in
+    place and every rank returns the restart count torch gave it, which differs by
+    node: the agent whose worker failed counts a restart, the other does not."""
+    import torch
+    import torch.distributed as dist
+
+    if _rank() == 3 and not Path(marker).exists():
+        Path(marker).touch()
+        raise RuntimeError("rank 3 fails once")
+    dist.init_process_group("gloo")
+    counts = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, torch.tensor([float(os.environ["TORCHELASTIC_RESTART_COUNT"])]))
+    dist.destroy_process_group()
+    return {"restart_counts": [int(c.item()) for c in counts], "rank": _rank()}
+
+
 def count_to(steps: int, step_time: float) -> dict[str, Any]:
     """Sum 0..steps-1, one step at a time, checkpointing every step (hpclaunch's
     protocol: the Preemption flag, checkpoint.save, resume from load_latest)."""
