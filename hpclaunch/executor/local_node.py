@@ -1,63 +1,102 @@
 """One node on this machine, without SLURM: what ``hpclaunch.Executor(cluster="local")``
 runs under submitit's local controller.
 
-``python -m hpclaunch.executor.local_node --nproc-per-node P --max-restarts R FOLDER``
-starts P workers of the pickled call in FOLDER through the same agent code as
-``hpclaunch agent`` (torch's elastic agent, hpclaunch's rank logs and failure
-records), with the job id submitit's controller gives and the rendezvous on
-127.0.0.1. The job folder is ``FOLDER/JOBID``.
+``python -m hpclaunch.executor.local_node FOLDER SETTINGS`` starts the workers of
+the pickled call in FOLDER through the same agent code as ``hpclaunch agent``
+(torch's elastic agent, hpclaunch's rank logs and failure records), with the job
+id submitit's controller gives and the rendezvous on 127.0.0.1. SETTINGS is the
+JSON file the executor wrote (``LocalSettings``). The job folder is
+``LOG_DIR/JOBID``.
+
+The time limit follows hpclaunch's protocol as far as one machine allows: the
+controller's warning signal stops the workers (they checkpoint), and while
+requeues are left the controller runs the node again, which resumes from the
+checkpoint; the requeue count goes where SLURM's would (HPCLAUNCH_REQUEUE_COUNT,
+the logs' ``requeue-N``).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
 
-from hpclaunch import failures
+from hpclaunch import checkpoint, failures
 from hpclaunch.context import NodeContext, derive_port
+from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.spec import EntryKind, Rendezvous
 
 LOOPBACK = "127.0.0.1"
 JOB_ID_VAR = "SUBMITIT_LOCAL_JOB_ID"
+# submitit's local controller: the exit status that asks it to run the task again,
+# how often it does at most, and the signal it sends before the time limit.
+REQUEUE_STATUS = 144
+TIME_LIMIT_SIGNAL = signal.SIGUSR2
+REQUEUES_FILE = "local-requeues"
+log = logging.getLogger("hpclaunch.executor")
+
+
+def _requeues(job_dir: Path) -> int:
+    try:
+        return int((job_dir / REQUEUES_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from hpclaunch import agent
     from hpclaunch.executor.params import WORKER_MODULE
 
-    parser = argparse.ArgumentParser(prog="python -m hpclaunch.executor.local_node")
-    parser.add_argument("--nproc-per-node", type=int, required=True)
-    parser.add_argument("--max-restarts", type=int, required=True)
-    parser.add_argument("--grace-period", type=int, required=True)
-    parser.add_argument("folder", type=Path)
-    args = parser.parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m hpclaunch.executor.local_node FOLDER SETTINGS", file=sys.stderr)
+        return 2
+    folder, settings_path = Path(args[0]), Path(args[1])
+    settings = LocalSettings.read(settings_path)
     job_id = int(os.environ[JOB_ID_VAR])
-    job_dir = args.folder / str(job_id)
-    ctx = NodeContext(
-        job_id=job_id, node_rank=0, hosts=(socket.gethostname(),), restart_count=0,
-        nproc_per_node=args.nproc_per_node, nproc_source="nproc_per_node",
-        master_port=derive_port(job_id),
-    )  # fmt: skip
-    opts = agent.AgentOptions(
-        entrypoint=WORKER_MODULE, args=(str(args.folder),), entry_kind=EntryKind.MODULE,
-        nproc_per_node=args.nproc_per_node, rdzv=Rendezvous.C10D,
-        max_restarts=args.max_restarts, job_dir=job_dir, grace_period_s=args.grace_period,
-    )  # fmt: skip
-    os.environ.setdefault("HPCLAUNCH_JOB_DIR", str(job_dir))
-    os.environ.setdefault("HPCLAUNCH_CHECKPOINT_DIR", str(job_dir / "checkpoints"))
+    job_dir = Path(settings.log_dir) / str(job_id)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    requeue = _requeues(job_dir)
     logging.basicConfig(
         level=logging.INFO, format=f"hpclaunch[local job {job_id}]: %(message)s", force=True
     )
-    # Supervised: the agent leaves its root-cause block in the job folder, where
-    # job.result() reads it; it is printed here too, as the supervisor would.
-    os.environ[failures.SUPERVISED_VAR] = "1"
-    settings = agent.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
-    status = agent.launch(ctx, opts, settings, os.environ)
-    for block in sorted(failures.folder(job_dir, 0).glob("root-cause-*.txt")):
+    ctx = NodeContext(
+        job_id=job_id, node_rank=0, hosts=(socket.gethostname(),), restart_count=requeue,
+        nproc_per_node=settings.nproc_per_node, nproc_source="nproc_per_node",
+        master_port=derive_port(job_id),
+    )  # fmt: skip
+    opts = agent.AgentOptions(
+        entrypoint=WORKER_MODULE, args=(str(folder),), entry_kind=EntryKind.MODULE,
+        nproc_per_node=settings.nproc_per_node, rdzv=Rendezvous.C10D,
+        max_restarts=settings.max_restarts, job_dir=job_dir,
+        grace_period_s=settings.grace_period_s,
+    )  # fmt: skip
+    # This process is the job's agent: its environment is what torch gives the
+    # workers, as the rendered script's exports are on SLURM. Values set here
+    # replace inherited ones (a driver running inside another job has its own).
+    os.environ.update(settings.env)
+    os.environ.update({
+        "HPCLAUNCH_JOB_DIR": str(job_dir),
+        checkpoint.ENV_VAR: settings.checkpoint_dir or str(job_dir / "checkpoints"),
+        # Supervised: the agent leaves its root-cause block in the job folder, where
+        # job.result() reads it; it is printed below too, as the supervisor would.
+        failures.SUPERVISED_VAR: "1",
+    })  # fmt: skip
+    launch = agent.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
+    status = agent.launch(ctx, opts, launch, os.environ)
+    if status == 128 + TIME_LIMIT_SIGNAL:
+        if requeue < settings.max_requeues:
+            (job_dir / REQUEUES_FILE).write_text(f"{requeue + 1}\n")
+            log.info("time limit: requeue %d of %d", requeue + 1, settings.max_requeues)
+            return REQUEUE_STATUS
+        log.error(
+            "time limit reached with no requeue left (max_requeues=%d); no result",
+            settings.max_requeues,
+        )
+    for block in sorted(failures.folder(job_dir, requeue).glob("root-cause-*.txt")):
         sys.stderr.write(block.read_text())
     return status
 
