@@ -9,11 +9,13 @@ its ``Job``; hpclaunch's ``Job`` adds the rank logs and the root cause.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -25,6 +27,7 @@ from hpclaunch.config import load_profile
 from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.executor import params as parameters
 from hpclaunch.executor.jobs import AnyJob, Job, LocalJob, attach
+from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.render import render
 from hpclaunch.spec import JobSpec
 
@@ -60,21 +63,34 @@ class _SlurmBackend(SlurmExecutor):
         self._spec = spec
         self.parallelism: int | None = None  # the array's concurrency limit
         self.array: tuple[int, int | None] | None = None  # (tasks, parallelism) being submitted
+        self._text = ""
+        self.job_name: str | None = None  # the submitted function's, for the job name
 
     def job_spec(self) -> JobSpec:
+        """The JobSpec of the submission being made: the executor's, named after the
+        function (unless job_name is set), with the array directive of a map_array."""
         spec = self._spec()
+        if spec.job_name is None and self.job_name is not None:
+            spec = replace(spec, job_name=self.job_name)
         if self.array is None:
             return spec
         count, parallelism = self.array
         value = f"0-{count - 1}" + (f"%{parallelism}" if parallelism else "")
-        from dataclasses import replace
-
         return replace(spec, sbatch_options=(*spec.sbatch_options, ("array", value)))
 
-    def _make_submission_file_text(self, command: str, uid: str) -> str:
+    def prepare(self) -> None:
+        """Render the script and make the log folder (SLURM does not create it)
+        before anything is written or submitted."""
         spec = self.job_spec()
-        Path(spec.log_dir).mkdir(parents=True, exist_ok=True)  # SLURM does not create it
-        return render(spec)
+        text = render(spec)
+        _make_folder(Path(spec.log_dir), "log_dir")
+        self._text = text
+
+    def discard(self) -> None:
+        """Nothing to remove: the log folder may be shared with other jobs."""
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._text
 
     def _num_tasks(self) -> int:
         return 1  # one result, global rank 0's
@@ -100,17 +116,33 @@ class _LocalBackend(LocalExecutor):
     def __init__(self, folder: Path, spec: Callable[[], JobSpec]) -> None:
         super().__init__(folder)
         self._spec = spec
-        self.parallelism: int | None = None  # arrays run one job after the other here
+        self.parallelism: int | None = None  # unused: the jobs of a map_array run at once
         self.array: tuple[int, int | None] | None = None
+        self._settings: Path | None = None
+
+    def job_spec(self) -> JobSpec:
+        return self._spec()
+
+    def prepare(self) -> None:
+        spec = self._spec()
+        settings = LocalSettings.of(spec, Path.cwd())
+        _make_folder(Path(settings.log_dir), "log_dir")
+        if settings.checkpoint_dir is not None:
+            _make_folder(Path(settings.checkpoint_dir), "checkpoint_dir")
+        path = self.folder / f".{uuid.uuid4().hex}_local.json"
+        settings.write(path)
+        self._settings = path
+
+    def discard(self) -> None:
+        """Remove what ``prepare`` wrote (the submission failed)."""
+        if self._settings is not None:
+            self._settings.unlink(missing_ok=True)
 
     @property
     def _submitit_command_str(self) -> str:
-        spec = self._spec()
         return shlex.join([
             sys.executable, "-u", "-m", "hpclaunch.executor.local_node",
-            "--nproc-per-node", str(spec.effective_nproc_per_node),
-            "--max-restarts", str(spec.max_restarts), "--grace-period", str(spec.agent_grace_s),
-            str(self.folder),
+            str(self.folder), str(self._settings),
         ])  # fmt: skip
 
     def _num_tasks(self) -> int:
@@ -121,7 +153,7 @@ class _LocalBackend(LocalExecutor):
         limit = spec.time_limit.total_seconds() / 60 if spec.time_limit else LOCAL_NO_LIMIT_MIN
         self.parameters.update(
             tasks_per_node=1, timeout_min=limit, signal_delay_s=spec.signal_lead_s,
-            stderr_to_stdout=True, setup=list(spec.setup),
+            gpus_per_node=spec.gpus_per_node, stderr_to_stdout=True, setup=list(spec.setup),
         )  # fmt: skip
         started: Any = super()._submit_command(command)
         return LocalJob(self.folder, started.job_id, tasks=[0], process=started._process)
@@ -130,9 +162,30 @@ class _LocalBackend(LocalExecutor):
         self, delayed_submissions: list[utils.DelayedSubmission]
     ) -> list[Any]:
         jobs = []
-        for delayed in delayed_submissions:  # no arrays here: one after the other
+        for delayed in delayed_submissions:  # one controller (one job) per call
             jobs += _submit_pickled(self, [delayed])
         return jobs
+
+
+def _job_name(call: utils.DelayedSubmission) -> str:
+    """A SLURM job name from the submitted function's name, or the script's."""
+    if call.function is run_script and call.args:
+        name = Path(str(call.args[0])).stem
+    else:
+        name = getattr(call.function, "__name__", "") or type(call.function).__name__
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "", name)
+    return cleaned or "hpclaunch"
+
+
+def _make_folder(path: Path, name: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExecutorError(
+            f"{name} {str(path)!r} (from update_parameters({name}=...), a profile, or the "
+            f"executor's folder) cannot be created: {exc.strerror or exc}; give a folder "
+            "this user can write, on a filesystem the nodes share"
+        ) from None
 
 
 def _submit_pickled(
@@ -140,32 +193,35 @@ def _submit_pickled(
 ) -> list[Any]:
     """Pickle the calls, submit them as one job (or one array), move each pickle to
     its job's name. If the submission fails, no pickle is left behind."""
-    backend.folder.mkdir(parents=True, exist_ok=True)
-    spec = backend._spec()
+    _make_folder(backend.folder, "folder")
+    if isinstance(backend, _SlurmBackend):
+        backend.job_name = _job_name(delayed[0])
+    spec = backend.job_spec()
     minutes = int(spec.time_limit.total_seconds() // 60) if spec.time_limit else 0
     pickles = []
+    if len(delayed) > 1:
+        backend.array = (len(delayed), backend.parallelism)
     try:
+        backend.prepare()
         for call in delayed:
             path = backend.folder / f".{uuid.uuid4().hex}.pkl"
             pickles.append(path)
             call.set_timeout(minutes, backend.max_num_timeout)
             call.dump(path)
-        if len(delayed) > 1:
-            backend.array = (len(delayed), backend.parallelism)
-        try:
-            first = backend._submit_command(backend._submitit_command_str)
-        finally:
-            backend.array = None
+        first = backend._submit_command(backend._submitit_command_str)
     except BaseException:
         for path in pickles:
             path.unlink(missing_ok=True)
+        backend.discard()
         raise
+    finally:
+        backend.array = None
     if len(delayed) == 1:
         jobs = [first]
     else:
         jobs = [Job(backend.folder, f"{first.job_id}_{i}", tasks=[0]) for i in range(len(delayed))]
     for job, path in zip(jobs, pickles, strict=True):
-        attach(job, Path(spec.log_dir), spec.effective_job_name)
+        attach(job, Path.cwd() / os.path.expanduser(spec.log_dir), spec.effective_job_name)
         job.paths.move_temporary_file(path, "submitted_pickle")
     return jobs
 
@@ -190,6 +246,11 @@ class Executor:
         profile: str | None = None,
         **params: Any,
     ) -> None:
+        if not isinstance(folder, (str, os.PathLike)) or isinstance(os.fspath(folder), bytes):
+            raise ExecutorError(
+                f"folder {folder!r} (from hpclaunch.Executor) is not a path; give a str or "
+                "a pathlib.Path"
+            )
         if "%" in os.fspath(folder):
             raise ExecutorError(
                 f"folder {os.fspath(folder)!r} (from hpclaunch.Executor) has a '%': hpclaunch "
@@ -211,10 +272,15 @@ class Executor:
         self._params = parameters.convert(params)
         self.spec  # noqa: B018  (validates now: bad parameters fail here, not at submit)
         self._backend: _SlurmBackend | _LocalBackend
-        if cluster == "slurm":
-            self._backend = _SlurmBackend(self.folder, lambda: self.spec)
-        else:
-            self._backend = _LocalBackend(self.folder, lambda: self.spec)
+        backend = _SlurmBackend if cluster == "slurm" else _LocalBackend
+        try:  # submitit makes the folder now
+            self._backend = backend(self.folder, lambda: self.spec)
+        except OSError as exc:
+            raise ExecutorError(
+                f"folder {str(self.folder)!r} (from hpclaunch.Executor) cannot be created: "
+                f"{exc.strerror or exc}; give a folder this user can write, on a filesystem "
+                "the nodes share"
+            ) from None
         self._backend.parallelism = self._params.array_parallelism
 
     @property
@@ -224,7 +290,10 @@ class Executor:
         path = None
         if (bin_dir / "hpclaunch").exists():
             path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-        return parameters.job_spec(self.folder, self._params, self._profile, path)
+        spec = parameters.job_spec(self.folder, self._params, self._profile, path)
+        if self.cluster == "local":
+            parameters.local_conflicts(spec, self._params)
+        return spec
 
     def update_parameters(self, **params: Any) -> None:
         """Change parameters for the next submissions; nothing changes if one is invalid."""
@@ -247,6 +316,11 @@ class Executor:
 
     def submit_script(self, path: str | os.PathLike[str], args: Iterable[str] = ()) -> AnyJob[None]:
         """Run the Python script ``path`` with ``args`` on every worker rank."""
+        if isinstance(args, (str, bytes)):
+            raise ExecutorError(
+                f"args {args!r} (from submit_script) is one string; give a list of "
+                f"arguments, e.g. {args.split() if isinstance(args, str) else [args]!r}"
+            )
         script = Path(path).expanduser().absolute()
         if not script.is_file():
             raise ExecutorError(

@@ -10,6 +10,7 @@ has: ``array_parallelism`` and ``cluster``.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from hpclaunch.config import PROFILE_KEYS, Entry, Profile, build_spec
 from hpclaunch.errors import SpecError
-from hpclaunch.spec import EntryKind, JobSpec
+from hpclaunch.spec import DEFAULT_SIGNAL_LEAD_S, EntryKind, JobSpec, Rendezvous
 
 # The module every worker rank runs: it loads the pickled call and runs it.
 WORKER_MODULE = "hpclaunch.executor.worker"
@@ -58,14 +59,11 @@ def _profile_key(name: str) -> str:
 
 def _submitit_value(name: str, value: Any) -> Any:
     """submitit's units in hpclaunch's: minutes and gigabytes as SLURM strings."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ParameterError(name, f"update_parameters({name}={value!r}): give a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ParameterError(name, f"update_parameters({name}={value!r}): give a positive number")
     if name == "timeout_min":
-        whole = int(value) + (int(value) != value)  # SLURM counts whole minutes
-        return str(whole)
-    if name == "mem_gb":
-        return f"{int(value * 1024)}M"
-    return value
+        return str(math.ceil(value))  # SLURM counts whole minutes
+    return f"{max(1, math.ceil(value * 1024))}M"  # mem_gb; SLURM's smallest unit is 1M
 
 
 def convert(params: Mapping[str, Any], before: Parameters | None = None) -> Parameters:
@@ -117,6 +115,7 @@ def job_spec(
     if path is not None and "PATH" not in env:
         added.append(("PATH", path))
     fields["env"] = (*fields.get("env", ()), *added)
+    _fit_signal_lead(fields, profile)
     entry = Entry(WORKER_MODULE, (str(folder),), EntryKind.MODULE)
 
     def spell(key: str) -> str:
@@ -130,3 +129,32 @@ def job_spec(
             "use map_array(...) with array_parallelism=N instead",
         )
     return spec
+
+
+def _fit_signal_lead(fields: dict[str, Any], profile: Profile | None) -> None:
+    """A short job (``timeout_min=2``) gets its stop warning half-way through the
+    time limit instead of the default lead, which would not fit; a lead the user
+    set is left as it is (and checked)."""
+    defaults = profile.values if profile else {}
+    if "signal_lead_s" in fields or "signal_lead_s" in defaults:
+        return
+    limit = fields.get("time_limit", defaults.get("time_limit"))
+    if limit is not None and limit.total_seconds() <= DEFAULT_SIGNAL_LEAD_S:
+        fields["signal_lead_s"] = max(1, int(limit.total_seconds()) // 2)
+
+
+def local_conflicts(spec: JobSpec, params: Parameters) -> None:
+    """Refuse what ``cluster="local"`` (one node, this machine) cannot do. SLURM's
+    scheduling settings (partition, account, mem, template, sbatch_options, ...)
+    mean nothing there and are left unused, so one parameter set serves both."""
+
+    def refuse(key: str, why: str) -> None:
+        name = params.given.get(key, key)
+        raise ParameterError(key, f"update_parameters({name}=...): {why}")
+
+    if spec.nodes.min != 1 or spec.nodes.max != 1:
+        refuse("nodes", f"cluster='local' runs one node, not {spec.nodes.sbatch}; "
+               "set nodes=1, or use cluster='slurm'")  # fmt: skip
+    if spec.rdzv is Rendezvous.ETCD or spec.etcd_sidecar or spec.etcd_endpoints:
+        refuse("rdzv", "cluster='local' rendezvouses on 127.0.0.1 without etcd; "
+               "leave out rdzv='etcd' and the etcd settings")  # fmt: skip

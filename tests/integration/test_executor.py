@@ -73,6 +73,20 @@ def test_a_failing_function_raises_the_failing_ranks_traceback(
     assert job.state == "FAILED"
 
 
+def test_a_group_restarted_in_place_still_returns(on_sandbox: Running, tmp_path: Path) -> None:
+    job = executor(tmp_path / "jobs", max_restarts=1).submit(
+        executor_jobs.fail_once, str(tmp_path / "failed-once")
+    )
+    wait_for(job.done, timeout_s=180, what="the job's end")
+    result = job.result()
+    assert result["rank"] == 0
+    # Node 2's agent restarted its workers after their failure, node 1's after the
+    # new round: their counts differ, yet rank 0 saw every rank return.
+    assert result["restart_counts"] == [0, 0, 1, 1], result
+    assert job.rank_log(3) is not None and job.rank_log(3).parent.name != "attempt-0"
+    assert not list((tmp_path / "jobs").glob(".*_finished"))  # cleaned up on success
+
+
 def test_a_requeued_job_resumes_from_its_checkpoint_and_returns_the_right_value(
     on_sandbox: Running, tmp_path: Path
 ) -> None:
@@ -135,3 +149,14 @@ def test_bad_parameters_fail_before_anything_is_submitted(
         ex.update_parameters(nodez=2)
     assert ex.spec.nodes.max == 2  # unchanged
     assert not [p for p in tmp_path.iterdir()]  # no pickle, no script, no job
+
+
+def test_a_log_dir_that_cannot_be_made_stops_the_submission(
+    on_sandbox: Running, tmp_path: Path
+) -> None:
+    ex = executor(tmp_path, log_dir="/proc/hpclaunch-logs")
+    with pytest.raises(hpclaunch.ExecutorError, match=r"log_dir '/proc/hpclaunch-logs'.*cannot"):
+        ex.submit(executor_jobs.all_reduce, 1.0)
+    with pytest.raises(hpclaunch.ExecutorError, match=r"one string.*\['--steps', '3'\]"):
+        executor(tmp_path).submit_script(__file__, "--steps 3")
+    assert not [p for p in tmp_path.iterdir()]  # no pickle, no submission file, no job

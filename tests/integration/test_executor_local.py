@@ -16,7 +16,8 @@ from tests.integration.helpers import base_env
 pytestmark = pytest.mark.integration
 
 DRIVER = """
-import json, os, sys
+import json, os, sys, time
+import submitit.helpers
 import hpclaunch
 
 def work(offset):
@@ -32,12 +33,38 @@ def broken():
     if os.environ["RANK"] == "1":
         raise KeyError("rank 1 lost its key")
 
+def settings():
+    return {"seed": os.environ.get("SEED"), "ckpt": os.environ["HPCLAUNCH_CHECKPOINT_DIR"],
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+class Slow(submitit.helpers.Checkpointable):
+    # One step a second; checkpoint() (inherited) keeps the steps done.
+    def __init__(self):
+        self.done = []
+    def __call__(self, steps):
+        first = len(self.done)
+        for step in range(first, steps):
+            time.sleep(1)
+            self.done.append(step)
+        return {"first": first, "done": len(self.done),
+                "requeue": int(os.environ["HPCLAUNCH_REQUEUE_COUNT"])}
+
 ex = hpclaunch.Executor(sys.argv[1], cluster="local", nproc_per_node=2, max_restarts=0)
 out = {"result": ex.submit(work, 0.5).result()}
 try:
     ex.submit(broken).result()
 except Exception as exc:
     out["error"] = [type(exc).__name__, str(exc)]
+ex.update_parameters(env={"SEED": "7"}, checkpoint_dir=sys.argv[2], partition="ignored")
+out["settings"] = ex.submit(settings).result()
+try:
+    ex.update_parameters(nodes=2)
+except hpclaunch.SpecError as exc:
+    out["nodes"] = str(exc)
+# A 1-minute limit warns 30 s before the end: the callable checkpoints, the node
+# runs again (a local requeue) and finishes from there.
+ex.update_parameters(timeout_min=1, max_requeues=1)
+out["timed"] = ex.submit(Slow(), 45).result()
 print(json.dumps(out))
 """
 
@@ -46,8 +73,8 @@ def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     done = subprocess.run(
-        [sys.executable, str(driver), str(tmp_path / "jobs")], cwd=tmp_path, env=base_env(),
-        capture_output=True, text=True, timeout=240, check=False,
+        [sys.executable, str(driver), str(tmp_path / "jobs"), str(tmp_path / "ckpt")],
+        cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
@@ -58,3 +85,8 @@ def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
     assert kind == "FailedJobError"
     assert "root cause: rank 1" in message and "KeyError: 'rank 1 lost its key'" in message
     assert 'driver.py", line' in message
+    assert out["settings"] == {"seed": "7", "ckpt": str(tmp_path / "ckpt"), "cuda": ""}
+    assert out["nodes"].startswith("update_parameters(nodes=...): cluster='local' runs one node")
+    timed = out["timed"]
+    assert timed["requeue"] == 1 and timed["done"] == 45, timed
+    assert 20 <= timed["first"] < 45, timed  # resumed from the checkpoint, not from 0

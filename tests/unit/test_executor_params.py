@@ -9,7 +9,15 @@ import pytest
 
 from hpclaunch.config import Profile
 from hpclaunch.errors import SpecError
-from hpclaunch.executor.params import WORKER_MODULE, ParameterError, convert, job_spec
+from hpclaunch.executor.files import finished_dir
+from hpclaunch.executor.local_settings import LocalSettings
+from hpclaunch.executor.params import (
+    WORKER_MODULE,
+    ParameterError,
+    convert,
+    job_spec,
+    local_conflicts,
+)
 from hpclaunch.render import render
 from hpclaunch.spec import EntryKind, Rendezvous
 from hpclaunch.values import NodeRange
@@ -80,7 +88,9 @@ def test_later_parameters_merge_into_earlier_ones() -> None:
         ({"nodes": 2.5}, "update_parameters(nodes=2.5): the value is not a number or a string"),
         ({"nodes": "4-8"}, "update_parameters(nodes=...): '4-8'"),
         ({"time": "soon"}, "update_parameters(time=...)"),
-        ({"timeout_min": "60"}, "update_parameters(timeout_min='60'): give a number"),
+        ({"timeout_min": "60"}, "update_parameters(timeout_min='60'): give a positive number"),
+        ({"timeout_min": -5}, "update_parameters(timeout_min=-5): give a positive number"),
+        ({"mem_gb": 0}, "update_parameters(mem_gb=0): give a positive number"),
         ({"array_parallelism": 0}, "update_parameters(array_parallelism=0): give a whole number"),
         ({"rdzv": "zookeeper"}, "the value is not one of 'static', 'c10d', 'etcd'"),
     ],
@@ -105,3 +115,61 @@ def test_a_rule_between_values_names_the_parameters_as_typed() -> None:
 def test_the_array_option_belongs_to_map_array() -> None:
     with pytest.raises(ParameterError, match="use map_array"):
         spec_of(sbatch_options={"array": "0-9"})
+
+
+def test_a_tiny_memory_rounds_up_to_slurms_smallest_unit() -> None:
+    assert spec_of(mem_gb=0.0001).mem == "1M"
+    assert spec_of(mem_gb=1.5).mem == "1536M"
+
+
+def test_a_short_time_limit_gets_its_warning_half_way() -> None:
+    assert spec_of(timeout_min=2).signal_lead_s == 60
+    assert spec_of(timeout_min=1).signal_lead_s == 30
+    assert spec_of(timeout_min=60).signal_lead_s == 120  # the default lead fits
+    profile = Profile("default", Path("/p/hpclaunch.toml"), {"time_limit": timedelta(minutes=1)})
+    assert spec_of(profile).signal_lead_s == 30
+    with pytest.raises(SpecError, match="signal_lead"):  # one the user set is checked
+        spec_of(timeout_min=1, signal_lead=90)
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"nodes": 2}, "update_parameters(nodes=...): cluster='local' runs one node, not 2"),
+        ({"slurm_nodes": "1:3"}, "update_parameters(slurm_nodes=...): cluster='local'"),
+        ({"rdzv": "etcd", "etcd_sidecar": True}, "update_parameters(rdzv=...): cluster='local'"),
+    ],
+)
+def test_local_refuses_what_one_machine_cannot_do(params: dict[str, object], named: str) -> None:
+    converted = convert(params)
+    with pytest.raises(ParameterError) as raised:
+        local_conflicts(job_spec(FOLDER, converted, None), converted)
+    assert str(raised.value).startswith(named)
+
+
+def test_local_keeps_scheduling_settings_unused() -> None:
+    converted = convert({"partition": "gpu", "mem_gb": 4, "nproc_per_node": 2})
+    local_conflicts(job_spec(FOLDER, converted, None), converted)  # no error
+
+
+def test_local_settings_carry_what_one_node_uses() -> None:
+    spec = spec_of(nproc_per_node=3, max_restarts=2, max_requeues=9, log_dir="logs",
+                   checkpoint_dir="~/ckpt", env={"SEED": "7"},
+                   path="/venv/bin:/usr/bin")  # fmt: skip
+    settings = LocalSettings.of(spec, Path("/home/u/project"))
+    assert (settings.nproc_per_node, settings.max_restarts) == (3, 2)
+    assert settings.max_requeues == 5  # submitit's controller runs a task 6 times at most
+    assert settings.log_dir == "/home/u/project/logs"
+    assert settings.checkpoint_dir is not None and settings.checkpoint_dir.endswith("/ckpt")
+    assert not settings.checkpoint_dir.startswith("/home/u/project")  # ~ is expanded
+    assert settings.env == {"SEED": "7", "PATH": "/venv/bin:/usr/bin"}  # not SUBMITIT_EXECUTOR
+
+
+def test_every_node_names_a_run_alike() -> None:
+    node_a = {"HPCLAUNCH_REQUEUE_COUNT": "1", "SLURM_STEP_ID": "0", "HPCLAUNCH_ATTEMPT": "2",
+              "TORCHELASTIC_RESTART_COUNT": "1"}  # fmt: skip
+    node_b = {**node_a, "TORCHELASTIC_RESTART_COUNT": "0"}  # per agent: differs
+    assert finished_dir(FOLDER, "7", node_a) == finished_dir(FOLDER, "7", node_b)
+    assert finished_dir(FOLDER, "7", node_a).name == "1-0-2"
+    later = {**node_a, "HPCLAUNCH_ATTEMPT": "3"}
+    assert finished_dir(FOLDER, "7", later) != finished_dir(FOLDER, "7", node_a)
