@@ -8,12 +8,12 @@ goes to torch's error file (``@record``), from which the supervisor and
 ``job.result()`` name the first failing rank.
 
 Stop signals (preemption, the time-limit warning, ``scontrol requeue``,
-``scancel``, and the agent stopping the group to restart it): when the function
-did not install its own ``hpclaunch.checkpoint.Preemption`` flag, the signal
-ends it here. A callable with submitit's ``checkpoint()`` method is then asked
-for its checkpoint (on rank 0, outside the signal handler), and what it returns
-replaces the pickled call for the next run, in place or after a requeue. A
-stopped rank leaves no result: the job runs again.
+``scancel``, and the agent stopping the group to restart it) end a rank that
+did not install its own ``hpclaunch.checkpoint.Preemption`` flag. On rank 0, a
+callable with submitit's ``checkpoint()`` method is then asked for its
+checkpoint (outside the signal handler), and what it returns replaces the
+pickled call for the next run, in place or after a requeue. A stopped rank
+leaves no result: the job runs again.
 """
 
 from __future__ import annotations
@@ -69,7 +69,12 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _install_stop() -> None:
     """Stop signals end the call by raising ``Stopped`` in it. The handler does
-    nothing else: the checkpoint is taken once the call has unwound (see ``run``)."""
+    nothing else: the checkpoint is taken once the call has unwound (see ``run``).
+
+    Only rank 0 of a callable with ``checkpoint()`` needs this. Every other rank
+    keeps the default disposition and dies of the signal at once: a Python handler
+    runs only between bytecodes, so a rank blocked in a collective (waiting for a
+    peer that failed) would otherwise sit out the agent's whole grace period."""
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         for sig in checkpoint.STOP_SIGNALS:  # one signal is enough; more must not interrupt
@@ -115,7 +120,9 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
         })  # fmt: skip
     _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
     delayed = DelayedSubmission.load(paths.submitted_pickle)
-    _install_stop()
+    checkpointable = rank == 0 and hasattr(delayed.function, "checkpoint")
+    if checkpointable:
+        _install_stop()
     try:
         result = record(delayed.result)()
         if checkpoint.stop_received() is not None:
@@ -127,11 +134,12 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
             if not _all_finished(finished, int(environ["WORLD_SIZE"])):
                 log.info("rank 0: stopped while waiting for the other ranks; no result")
                 return 0
-            record(_dump_result)(paths.result_pickle, result)
+            # The markers go first: once the result is there, the job is done.
             shutil.rmtree(finished_root(folder, job_id), ignore_errors=True)
+            record(_dump_result)(paths.result_pickle, result)
     except Stopped as stopped:
         log.info("rank %d: stopped by %s; no result", rank, stopped)
-        if rank == 0 and hasattr(delayed.function, "checkpoint"):
+        if checkpointable:
             record(_checkpoint)(delayed, paths.submitted_pickle, stopped.signum)
     return 0
 
