@@ -24,6 +24,9 @@ from hpclaunch.failures import Finding, Verdict
 from hpclaunch.spec import DEFAULT_MAX_FAILURE_REQUEUES
 
 HISTORY_FILE = "history.json"
+# Written into the job folder by `hpclaunch cancel` before its scancel: whatever
+# signal the supervisor got first, the job is not requeued.
+CANCELLED_FILE = "cancelled"
 
 
 class Reason(enum.Enum):
@@ -64,6 +67,7 @@ class Situation:
     failure_requeues: int = 0  # requeues for bad nodes so far
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     earlier_errors: tuple[str, ...] = ()  # the errors that got nodes excluded before
+    cancelled: bool = False  # `hpclaunch cancel` asked for the end of the job
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,14 @@ STOPPED_STATUSES = frozenset(128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_
 
 
 def decide(s: Situation) -> Decision:
-    """The policy. SLURM's own requeues are left to SLURM; a step stopped by the
+    """The policy. A job ``hpclaunch cancel`` ended is never requeued; SLURM's own
+    requeues are left to SLURM; a step stopped by the
     time-limit warning leads to one requeue by the supervisor while the budget lasts;
     cancellations end the job; a step that failed by itself is requeued without its
     bad nodes while both budgets last, and ends the job when the failure records show
     a bug (or say nothing)."""
+    if s.cancelled:
+        return Decision(Action.NONE, Reason.CANCELLED, s.status)
     if s.slurm_restarts is not None and s.slurm_restarts > s.requeue_count:
         return Decision(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)
     stopped = s.first_signal is not None and s.status in STOPPED_STATUSES
@@ -148,6 +155,7 @@ class History:
     job_id: int
     max_requeues: int
     runs: list[Run] = field(default_factory=list)
+    checkpoint_dir: str | None = None  # HPCLAUNCH_CHECKPOINT_DIR, for `hpclaunch status`
 
     @property
     def excluded_nodes(self) -> list[str]:
@@ -172,20 +180,23 @@ class History:
         return sum(1 for run in self.runs if run.action in requeued)
 
     @classmethod
-    def load(cls, job_dir: Path, job_id: int, max_requeues: int) -> History:
-        """The history in ``job_dir``, or an empty one. Raises HistoryError."""
+    def load(cls, job_dir: Path, job_id: int, max_requeues: int | None = None) -> History:
+        """The history in ``job_dir``, or an empty one; ``max_requeues`` replaces the
+        recorded budget (None keeps it). Raises HistoryError."""
         path = job_dir / HISTORY_FILE
         try:
             data = json.loads(path.read_text())
             runs = [Run(**run) for run in data["runs"]]
+            checkpoint_dir = data.get("checkpoint_dir")
+            budget = int(data["max_requeues"]) if max_requeues is None else max_requeues
         except FileNotFoundError:
-            return cls(job_id, max_requeues)
+            return cls(job_id, max_requeues or 0)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise HistoryError(
                 f"{path} is not a history hpclaunch wrote ({type(exc).__name__}: {exc}); "
                 "move it aside and requeue the job"
             ) from None
-        return cls(job_id, max_requeues, runs)
+        return cls(job_id, budget, runs, checkpoint_dir)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -193,6 +204,7 @@ class History:
             "max_requeues": self.max_requeues,
             "requeues": self.requeues,
             "excluded_nodes": self.excluded_nodes,
+            "checkpoint_dir": self.checkpoint_dir,
             "runs": [asdict(run) for run in self.runs],
         }
 
@@ -226,4 +238,5 @@ def finish(
     run.first_signal = signal.Signals(first_signal).name if first_signal else None
     run.reason = decision.reason.value
     run.action = decision.action.value
-    run.excluded = list(decision.exclude) if decision.action is Action.REQUEUE else []
+    kept_out = decision.action in (Action.REQUEUE, Action.SLURM_REQUEUES)
+    run.excluded = list(decision.exclude) if kept_out else []

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 
 from hpclaunch import failures, requeue
+from hpclaunch.checkpoint import ENV_VAR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.hostlist import HostlistError, expand
 from hpclaunch.slurm import Slurm
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _POLL_S = 0.2
+# sinfo's states of a node that is gone (with "not responding", a trailing '*').
+LOST = frozenset({"down", "fail", "failing"})
 
 
 class StepNotFound(HpclaunchError):
@@ -153,15 +156,28 @@ def supervise(
         history = None
         if job_dir is not None:
             history = requeue.History.load(job_dir, job_id, max_requeues)
+            history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or history.checkpoint_dir
         run = history.start(env, requeue_count) if history is not None else None
 
         finding: failures.Finding | None = None
 
+        lost: list[tuple[str, ...]] = []  # the nodes kept out after SLURM's requeue, once
+
         def record(status: int | None, first_signal: int | None, d: requeue.Decision) -> None:
             if history is not None and run is not None and job_dir is not None:
                 error = finding.message if finding is not None and finding.message else None
+                if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
+                    error = f"node lost ({', '.join(d.exclude)} down or not responding)"
                 requeue.finish(run, status, first_signal, d, error)
                 history.save(job_dir)
+
+        def by_slurm() -> requeue.Decision:
+            if not lost:
+                before = history.excluded_nodes if history else []
+                lost.append(_keep_lost_out(slurm, job_id, _step_nodes(env), before))
+            return requeue.Decision(
+                requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, lost[0]
+            )
 
         if requeue.over_budget(requeue_count, max_requeues):
             decision = requeue.gave_up()
@@ -180,10 +196,7 @@ def supervise(
             if first_signal in requeue.STOP_SIGNALS:
                 restarts = _slurm_restarts(slurm, job_id)
                 if restarts is not None and restarts > requeue_count:
-                    by_slurm = requeue.Decision(
-                        requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0
-                    )
-                    record(None, first_signal, by_slurm)
+                    record(None, first_signal, by_slurm())
 
         result = run_step(argv, forwarder, grace_s, early)
         restarts = _slurm_restarts(slurm, job_id) if result.signals else None
@@ -198,6 +211,7 @@ def supervise(
                 result.status, result.first_signal, requeue_count, restarts, max_requeues,
                 finding, history.failure_requeues if history else 0, max_failure_requeues,
                 history.exclusion_errors if history else (),
+                job_dir is not None and (job_dir / requeue.CANCELLED_FILE).exists(),
             )
         )  # fmt: skip
         if decision.action is requeue.Action.REQUEUE:
@@ -220,6 +234,7 @@ def supervise(
                       "(--max-requeues %d); giving up", decision.reason.value, requeue_count,
                       max_requeues)  # fmt: skip
         elif decision.action is requeue.Action.SLURM_REQUEUES:
+            decision = by_slurm()
             log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or "
                      "a lost node); the next run resumes from the latest checkpoint")  # fmt: skip
         else:
@@ -238,6 +253,30 @@ def _requeue(slurm: Slurm, job_id: int, excluded: Sequence[str]) -> None:
         slurm.requeue(job_id)
         if excluded:
             slurm.exclude_nodes(job_id, excluded)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _keep_lost_out(
+    slurm: Slurm, job_id: int, step_nodes: Sequence[str], excluded: Sequence[str]
+) -> tuple[str, ...]:
+    """After SLURM requeued the job, keep the step's nodes that are down or not
+    responding (a lost node: SLURM's own reason for the requeue) out of the next run,
+    as bad nodes are. Returns the nodes kept out; none when SLURM cannot be asked."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SLURM's, for the requeue
+    try:
+        states = slurm.node_states()
+        down = tuple(
+            node for node in step_nodes
+            if node in states and (not states[node].responding or states[node].state in LOST)
+        )  # fmt: skip
+        if down:
+            slurm.exclude_nodes(job_id, list(dict.fromkeys([*excluded, *down])))
+            log.info("supervisor: keeping %s (lost) out of the next run", ",".join(down))
+        return down
+    except SlurmError as exc:
+        log.warning("supervisor: could not keep lost nodes out of the next run: %s", exc)
+        return ()
     finally:
         signal.signal(signal.SIGTERM, previous)
 

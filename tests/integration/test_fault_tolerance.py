@@ -170,6 +170,9 @@ def test_a_lost_node_requeues_the_job_onto_the_others(
     assert job.history() == [(0, "requeued by SLURM", "SLURM requeues"), (1, "completed", "none")]
     runs = json.loads((job.job_dir / "history.json").read_text())["runs"]
     assert lost in expand(runs[0]["nodes"]) and lost not in expand(runs[1]["nodes"])
+    # The supervisor kept the lost node out of the next run, as it does bad nodes.
+    assert runs[0]["excluded"] == [lost] and job.fields()["ExcNodeList"] == lost
+    assert runs[0]["error"] == f"node lost ({lost} down or not responding)"
     starts = job.lines("START")
     assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 5
 

@@ -39,6 +39,9 @@ USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)
         (S(138, USR1, 0, 1, 3), D(Action.SLURM_REQUEUES, Reason.REQUEUED_BY_SLURM, 0)),
         (S(143, TERM, 1, 1, 3), D(Action.NONE, Reason.CANCELLED, 143)),
         (S(143, TERM, 0, None, 3), D(Action.NONE, Reason.CANCELLED, 143)),
+        # `hpclaunch cancel` wrote its note: never a requeue, even after the warning
+        (S(138, USR1, 0, None, 3, cancelled=True), D(Action.NONE, Reason.CANCELLED, 138)),
+        (S(143, TERM, 0, 1, 3, cancelled=True), D(Action.NONE, Reason.CANCELLED, 143)),
         # no signal: the step's own result
         (S(0, None, 0, None, 3), D(Action.NONE, Reason.COMPLETED, 0)),
         (S(1, None, 0, None, 3), D(Action.NONE, Reason.FAILED, 1)),
