@@ -255,7 +255,7 @@ def launch(
     os.environ.update(worker_env(ctx, opts.rdzv))
     command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
     job = job_folder(ctx, opts, env)
-    logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee)
+    logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee, node=ctx.hostname)
 
     def record(result: Any) -> None:
         attempt = int(os.environ.get(joblogs.ATTEMPT_VAR, "0"))

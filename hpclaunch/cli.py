@@ -125,7 +125,32 @@ def _etcd_access_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The group, importing the commands that live in other modules only when used,
+    so that ``hpclaunch sbatch`` does not pay for them."""
+
+    LAZY: Mapping[str, tuple[str, str]] = {
+        "cancel": ("hpclaunch.cli_jobs", "cancel"),
+        "list": ("hpclaunch.cli_jobs", "list_jobs"),
+        "logs": ("hpclaunch.cli_jobs", "logs"),
+        "sandbox": ("hpclaunch.sandbox.cli", "sandbox"),
+        "status": ("hpclaunch.cli_jobs", "status"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            import importlib
+
+            module, name = self.LAZY[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), name)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpclaunch")
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -254,6 +279,13 @@ def main(ctx: click.Context) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"job_id": ..., "script": ...} as JSON.'
 )
+@click.option(
+    "--follow",
+    "follow_job",
+    is_flag=True,
+    help="After submitting, print the job's state changes, requeues, restarts and "
+    "checkpoints on stderr until it ends; exit with the job's status.",
+)
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
@@ -267,6 +299,7 @@ def sbatch(
     no_python: bool,
     dry_run: bool,
     as_json: bool,
+    follow_job: bool,
     **flags: Any,
 ) -> None:
     """Render an sbatch script for SCRIPT [ARGS]... and submit it.
@@ -303,6 +336,7 @@ def sbatch(
             from hpclaunch.submit import submit
 
             submission = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
+            _note_job(obj, submission, spec.effective_job_name)
     except HpclaunchError as exc:
         fail(exc)
     if as_json:
@@ -317,6 +351,33 @@ def sbatch(
         click.echo(text, nl=False)
     else:
         click.echo(submission.job_id)
+    if follow_job and submission is not None:
+        from hpclaunch.cli_jobs import follow_job as follow
+
+        sys.stdout.flush()
+        sys.exit(follow(obj, submission.job_id, submission.job_dir))
+
+
+def _note_job(obj: CliContext, submission: Any, name: str) -> None:
+    """Add the job to this user's job list (for status, logs, cancel, list); the
+    job is submitted either way, so a failure here is a warning."""
+    import time
+
+    from hpclaunch import registry
+
+    entry = registry.Entry(
+        submission.job_id, str(submission.job_dir.absolute()), name, time.time(),
+        submission.cluster, str(obj.cwd),
+    )  # fmt: skip
+    try:
+        registry.add(obj.env, entry)
+    except OSError as exc:
+        click.echo(
+            f"hpclaunch: warning: job {submission.job_id} was submitted, but could not be "
+            f"added to {registry.path(obj.env)} ({exc.strerror or exc}); give "
+            f"`hpclaunch status` --job-dir {submission.job_dir}",
+            err=True,
+        )
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -388,7 +449,12 @@ def supervise(
     "[default: SLURM_GPUS_ON_NODE, else CUDA_VISIBLE_DEVICES' count, else 1]",
 )
 @click.option(
-    "--rdzv", type=click.Choice(["static", "c10d", "etcd"]), default="c10d", show_default=True
+    "--rdzv",
+    type=click.Choice(["static", "c10d", "etcd"]),
+    default="c10d",
+    show_default=True,
+    help="Rendezvous backend: static (fixed ranks from SLURM), c10d (a store on the first "
+    "node) or etcd.",
 )
 @click.option(
     "--etcd-endpoint",
@@ -542,12 +608,3 @@ def agent(
         if sidecar is not None:
             sidecar.stop()
     sys.exit(status)
-
-
-def _register_subcommands() -> None:
-    from hpclaunch.sandbox.cli import sandbox
-
-    main.add_command(sandbox)
-
-
-_register_subcommands()

@@ -6,6 +6,7 @@ Layout, under the job folder (``HPCLAUNCH_JOB_DIR``, ``LOG_DIR/JOBID`` by defaul
     logs/requeue-Q/step-S/attempt-A/rank-R.out    the rank's stdout
     logs/requeue-Q/step-S/attempt-A/rank-R.err    its stderr
     logs/requeue-Q/step-S/attempt-A/rank-R.json   torch's error file (scripts using @record)
+    logs/requeue-Q/step-S/attempt-A/node-NAME.ranks   the global ranks node NAME ran (JSON)
 
 Q is SLURM's requeue count, S the job step, A the worker group's attempt (the
 rendezvous round, the same on every node), R the global rank. No run overwrites
@@ -47,6 +48,59 @@ def attempt_dir(job: Path, requeue: int, step: str, attempt: int) -> Path:
 def rank_file(folder: Path, rank: int, kind: str) -> Path:
     """``kind``: ``out``, ``err`` or ``json`` (the error file)."""
     return folder / f"rank-{rank}.{kind}"
+
+
+def write_node_ranks(folder: Path, node: str, ranks: Sequence[int]) -> None:
+    (folder / f"node-{node}.ranks").write_text(json.dumps(list(ranks)) + "\n")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's log folder: the ``requeue`` count, the job ``step`` (SLURM's step
+    id, or ``batch``) and the ``attempt`` (the rendezvous round)."""
+
+    requeue: int
+    step: str
+    attempt: int
+    folder: Path
+
+    @property
+    def label(self) -> str:
+        return f"requeue {self.requeue}, step {self.step}, attempt {self.attempt}"
+
+    def node_ranks(self) -> dict[str, list[int]]:
+        """Node name -> the global ranks it ran in this attempt (from the agents' notes)."""
+        found: dict[str, list[int]] = {}
+        for path in self.folder.glob("node-*.ranks"):
+            try:
+                ranks = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(ranks, list):
+                found[path.name[len("node-") : -len(".ranks")]] = [int(r) for r in ranks]
+        return found
+
+
+def attempts(job: Path) -> list[Attempt]:
+    """Every attempt's log folder in the job folder, oldest first."""
+    found = []
+    for folder in job.glob("logs/requeue-*/step-*/attempt-*"):
+        requeue, attempt = _suffix(folder.parents[1].name), _suffix(folder.name)
+        step = folder.parent.name.removeprefix("step-")
+        if requeue is not None and attempt is not None and folder.is_dir():
+            found.append(Attempt(requeue, step, attempt, folder))
+    return sorted(found, key=lambda a: (a.requeue, _step_order(a.step), a.attempt))
+
+
+def _step_order(step: str) -> tuple[int, int]:
+    """Job steps in the order they ran: the batch step ("batch") before srun's 0, 1, ..."""
+    return (1, int(step)) if step.isdigit() else (0, 0)
+
+
+def _suffix(name: str) -> int | None:
+    """``attempt-3`` -> 3; None for a name of another form."""
+    _, _, number = name.rpartition("-")
+    return int(number) if number.isdigit() else None
 
 
 @dataclass(frozen=True)

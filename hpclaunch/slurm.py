@@ -208,6 +208,10 @@ class Slurm:
         words = state.split()  # "CANCELLED by 0"
         return {"State": words[0] if words else "", "NodeList": nodes}
 
+    def cancel(self, job_id: int) -> None:
+        """``scancel JOBID``: SLURM stops every process of the job. Raises SlurmError."""
+        self._run(("scancel", str(job_id)))
+
     def requeue(self, job_id: int) -> None:
         """``scontrol requeue JOBID``: SLURM stops every process of the job and queues it
         again (same job id, SLURM_RESTART_COUNT one higher). Raises SlurmError."""

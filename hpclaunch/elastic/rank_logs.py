@@ -13,15 +13,18 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
-from hpclaunch.joblogs import ATTEMPT_VAR, attempt_dir, rank_file
+from hpclaunch.joblogs import ATTEMPT_VAR, attempt_dir, rank_file, write_node_ranks
 
 
 class RankLogs(LogsSpecs):
     """Each worker's stdout and stderr go to ``rank-R.out`` / ``rank-R.err``; with
     ``tee`` the agent also copies them to its own output, each line prefixed."""
 
-    def __init__(self, job_dir: Path, requeue: int, step: str, *, tee: bool) -> None:
+    def __init__(
+        self, job_dir: Path, requeue: int, step: str, *, tee: bool, node: str | None = None
+    ) -> None:
         super().__init__(str(job_dir), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+        self._node = node
         self._job_dir = job_dir
         self._requeue = requeue
         self._step = step
@@ -55,6 +58,9 @@ class RankLogs(LogsSpecs):
                 dest.tee_stderrs[local_rank] = str(err)
             env["TORCHELASTIC_ERROR_FILE"] = str(error_file)
             env[ATTEMPT_VAR] = str(attempt)
+        if self._node is not None:  # which ranks this node ran, for `hpclaunch logs --node`
+            ranks = sorted(int(env["RANK"]) for env in envs.values())
+            write_node_ranks(folder, self._node, ranks)
         return dest
 
     def __repr__(self) -> str:

@@ -42,7 +42,8 @@ def sandbox(ctx: click.Context, state_dir: Path | None) -> None:
 
 
 @sandbox.command()
-@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="How many nodes (slurmd daemons) the cluster has.")  # fmt: skip
 @click.option("--gpus-per-node", type=click.IntRange(0, 16), default=0, show_default=True,
               help="Fake GPUs (GRES) per node: CUDA_VISIBLE_DEVICES appears in jobs.")  # fmt: skip
 @click.option("--partitions", type=click.Choice(["default", "preempt"]), default="default",

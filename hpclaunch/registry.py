@@ -1,0 +1,73 @@
+"""This user's hpclaunch jobs: one JSON line per submission in
+``$XDG_STATE_HOME/hpclaunch/jobs.jsonl`` (``~/.local/state/hpclaunch/jobs.jsonl``
+by default), written by ``hpclaunch sbatch`` and read by ``hpclaunch list``,
+``status``, ``logs`` and ``cancel`` to find a job's folder.
+
+Each line is appended with one ``write`` on a file opened for appending, so
+concurrent submissions never interleave. Pure file handling: no SLURM, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REGISTRY_NAME = "jobs.jsonl"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One submission."""
+
+    job_id: int
+    job_dir: str  # absolute
+    name: str
+    submitted: float  # seconds since the epoch
+    cluster: str | None = None
+    workdir: str = ""  # the folder it was submitted from
+
+
+def path(env: Mapping[str, str]) -> Path:
+    """Where the registry is for the environment ``env``."""
+    state = env.get("XDG_STATE_HOME", "").strip()
+    base = Path(state) if state else Path(env.get("HOME", "~"), ".local", "state").expanduser()
+    return base / "hpclaunch" / REGISTRY_NAME
+
+
+def add(env: Mapping[str, str], entry: Entry) -> Path:
+    """Append ``entry``; returns the registry's path. Raises OSError."""
+    target = path(env)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(asdict(entry), sort_keys=True) + "\n").encode()
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return target
+
+
+def entries(env: Mapping[str, str]) -> list[Entry]:
+    """Every readable entry, oldest first; a damaged line is skipped, a missing file is
+    an empty registry."""
+    try:
+        lines = path(env).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            data = json.loads(line)
+            found.append(Entry(**data))
+        except (ValueError, TypeError):
+            continue
+    return found
+
+
+def find(env: Mapping[str, str], job_id: int) -> Entry | None:
+    """The latest entry of ``job_id`` (ids come round again on a long-lived cluster)."""
+    matches = [entry for entry in entries(env) if entry.job_id == job_id]
+    return matches[-1] if matches else None
