@@ -14,6 +14,7 @@ import shlex
 import shutil
 import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -220,10 +221,32 @@ def _submit_pickled(
         jobs = [first]
     else:
         jobs = [Job(backend.folder, f"{first.job_id}_{i}", tasks=[0]) for i in range(len(delayed))]
+    log_dir = Path.cwd() / os.path.expanduser(spec.log_dir)
     for job, path in zip(jobs, pickles, strict=True):
-        attach(job, Path.cwd() / os.path.expanduser(spec.log_dir), spec.effective_job_name)
+        attach(job, log_dir, spec.effective_job_name)
         job.paths.move_temporary_file(path, "submitted_pickle")
+    if isinstance(backend, _SlurmBackend) and len(jobs) == 1:
+        _note_job(int(first.job_id), log_dir, spec.effective_job_name)
     return jobs
+
+
+def _note_job(job_id: int, log_dir: Path, name: str) -> None:
+    """Add a SLURM job to this user's job list, as ``hpclaunch sbatch`` does (an
+    array's tasks get their own SLURM ids only when they start, so they are not)."""
+    import time
+
+    from hpclaunch import registry
+
+    entry = registry.Entry(job_id, str(log_dir / str(job_id)), name, time.time(),
+                           None, str(Path.cwd()))  # fmt: skip
+    try:
+        registry.add(os.environ, entry)
+    except OSError as exc:
+        warnings.warn(
+            f"job {job_id} was submitted, but could not be added to "
+            f"{registry.path(os.environ)} ({exc.strerror or exc})",
+            stacklevel=3,
+        )
 
 
 class Executor:

@@ -28,6 +28,8 @@ class Running:
 def client_env(box: Sandbox) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{env.get('PATH', '')}:{SBIN_PATH}"
+    # hpclaunch's job list goes with the sandbox, not into the user's home.
+    env["XDG_STATE_HOME"] = str(box.state_dir / "state")
     env.update(box.env())
     return env
 

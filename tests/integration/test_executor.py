@@ -11,6 +11,7 @@ import pytest
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import hpclaunch
+from hpclaunch import registry
 from tests.integration import executor_jobs
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
@@ -58,6 +59,8 @@ def test_a_two_node_function_job_returns_rank_zeros_value(
     log = job.rank_log(3)
     assert log is not None and log.parent.name == "attempt-0"
     assert job.stdout() is not None and "supervisor: job completed" in job.stdout()
+    noted = registry.find(on_sandbox.env, int(job.job_id))  # in `hpclaunch list` too
+    assert noted is not None and noted.job_dir == str(job.job_dir) and noted.name == "all_reduce"
 
 
 def test_a_failing_function_raises_the_failing_ranks_traceback(
