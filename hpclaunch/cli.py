@@ -312,6 +312,8 @@ def sbatch(
     from hpclaunch.render import render
 
     _refuse_option_as_script(script)
+    if follow_job and dry_run:
+        raise click.UsageError("--follow follows a submitted job; --dry-run submits none")
     kind = _entry_kind(module, no_python)
     if flags["rdzv"] is not None:
         flags["rdzv"] = Rendezvous(flags["rdzv"])

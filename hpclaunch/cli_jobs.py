@@ -5,9 +5,10 @@ from the login node. They read SLURM and the job folder (see
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import click
 
 from hpclaunch import follow, joblogs, registry, requeue
-from hpclaunch.errors import HpclaunchError, SlurmError
+from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.hostlist import compress
 from hpclaunch.jobstatus import JobStatus, exit_status, gather
 
@@ -28,10 +29,11 @@ class JobNotFound(HpclaunchError):
 
 def _job_id(value: str) -> int:
     text = value.strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise click.BadParameter(
-            f"{value!r} is not a job id; give the number `hpclaunch sbatch` printed, "
-            "like 1234 (an array task is 1234_5's own job id, see `hpclaunch status`)"
+            f"{value!r} is not a job id; give the number `hpclaunch sbatch` printed, like "
+            "1234 (an array task 1234_5 has a job id of its own: `scontrol show job 1234_5` "
+            "shows it as JobId=)"
         )
     return int(text)
 
@@ -49,7 +51,10 @@ def _job_dir_option(fn: Any) -> Any:
 def _look(obj: Any, job_id: int, job_dir: Path | None) -> JobStatus:
     status = gather(job_id, obj.slurm, obj.env, job_dir)
     if status.state is None and status.job_dir is None:
-        raise JobNotFound(f"job {job_id} (from JOBID) is unknown: " + "; ".join(status.notes))
+        error = JobNotFound(f"job {job_id} (from JOBID) is unknown: " + "; ".join(status.notes))
+        if status.slurm_unreachable:  # not unknown: SLURM could not be asked
+            error.exit_code = ExitCode.SLURM
+        raise error
     return status
 
 
@@ -202,21 +207,34 @@ def logs(
             + (f" (nodes it ran on: {_nodes_seen(folder)})" if node is not None else "")
         ))  # fmt: skip
     headers = rank is not None or node is not None  # one header per rank, per attempt
-    if not follow_on:
-        for part in tail.rest(listed, headers):
-            sys.stdout.write(part)
-        return
-    current = found
-    while True:
-        for part in tail.read(files(current), headers):
-            sys.stdout.write(part)
-        sys.stdout.flush()
-        if current.ended:
-            break
-        time.sleep(follow.POLL_S)
-        current = gather(number, obj.slurm, obj.env, job_dir)
-    for part in tail.rest(files(current), headers):
+    try:
+        if not follow_on:
+            _write(tail.rest(listed, headers))
+            return
+        current, blind = found, 0
+        if not listed and found.state == "PENDING":
+            click.echo(f"hpclaunch: job {number} is pending; waiting for it to start", err=True)
+        while True:
+            _write(tail.read(files(current), headers))
+            if current.ended:
+                break
+            time.sleep(follow.POLL_S)
+            current = gather(number, obj.slurm, obj.env, job_dir)
+            blind = blind + 1 if current.state is None else 0
+            if current.state is None and (current.slurm_forgot or blind >= follow.BLIND_LOOKS):
+                click.echo(f"hpclaunch: lost track of job {number}'s state: "
+                           + "; ".join(current.notes), err=True)  # fmt: skip
+                break
+        _write(tail.rest(files(current), headers))
+    except BrokenPipeError:  # `hpclaunch logs ... | head`
+        sys.stderr.close()  # nothing more to say, and no traceback at exit
+        os._exit(0)
+
+
+def _write(parts: Iterable[str]) -> None:
+    for part in parts:
         sys.stdout.write(part)
+    sys.stdout.flush()
 
 
 def _nodes_seen(folder: Path) -> str:
@@ -237,7 +255,15 @@ def cancel(obj: Any, job_id: str, job_dir: Path | None) -> None:
             raise HpclaunchError(f"job {number} already ended ({found.state}); nothing to cancel")
         marker = Path(found.job_dir) / requeue.CANCELLED_FILE if found.job_dir else None
         if marker is not None:
-            marker.write_text(f"{time.time()}\n")
+            try:
+                marker.write_text(f"{time.time()}\n")
+            except OSError as exc:
+                raise HpclaunchError(
+                    f"cannot leave the cancel note {marker} for job {number}'s supervisor: "
+                    f"{exc.strerror or exc}; nothing was cancelled (is it your job? "
+                    "`scancel` cancels without the note, but a time-limit warning that came "
+                    "first may then still requeue it)"
+                ) from None
         try:
             obj.slurm.cancel(number)
         except SlurmError:
@@ -248,8 +274,11 @@ def cancel(obj: Any, job_id: str, job_dir: Path | None) -> None:
         _fail(exc)
         return
     where = f" on {compress(found.nodes)}" if found.nodes else ""
-    click.echo(f"job {number}: cancelled (was {found.state or 'unknown'}{where}); "
-               "it will not be requeued")  # fmt: skip
+    promise = (
+        "it will not be requeued" if marker is not None
+        else "its folder is unknown, so a requeue already under way may still happen"
+    )  # fmt: skip
+    click.echo(f"job {number}: cancelled (was {found.state or 'unknown'}{where}); {promise}")
 
 
 @click.command(name="list")
@@ -261,8 +290,11 @@ def list_jobs(obj: Any, last: int, as_json: bool) -> None:
     """List this user's latest hpclaunch jobs, newest last, with their state."""
     entries = registry.entries(obj.env)[-last:]
     rows: list[dict[str, Any]] = []
+    slurm = obj.slurm
     for entry in entries:
-        found = gather(entry.job_id, obj.slurm, obj.env, Path(entry.job_dir))
+        found = gather(entry.job_id, slurm, obj.env, Path(entry.job_dir))
+        if found.slurm_unreachable:
+            slurm = None  # ask no more: each would wait for the same time-out
         rows.append({
             "job_id": entry.job_id, "name": entry.name, "state": found.state,
             "nodes": compress(found.nodes) if found.nodes else None,
@@ -302,7 +334,11 @@ def follow_job(obj: Any, job_id: int, job_dir: Path | None, root_cause: bool = T
     def emit(line: str) -> None:
         click.echo(f"[{time.strftime('%H:%M:%S')}] job {job_id}: {line}", err=True)
 
-    last = follow.watch(lambda: gather(job_id, obj.slurm, obj.env, job_dir), emit)
+    try:
+        last = follow.watch(lambda: gather(job_id, obj.slurm, obj.env, job_dir), emit)
+    except HpclaunchError as exc:
+        _fail(exc)
+        return int(exc.exit_code)
     if root_cause and last.root_cause and last.state != "COMPLETED":
         click.echo(last.root_cause, err=True)
     return exit_status(last)

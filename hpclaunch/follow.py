@@ -4,16 +4,20 @@ they grow, and the loop behind ``hpclaunch sbatch --follow`` and
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.hostlist import compress
 from hpclaunch.jobstatus import JobStatus
 
-# How often a follower looks again: a person watching, not a synchronisation.
-POLL_S = 1.0
+# How often a follower looks again (a person watching, not a synchronisation), and
+# after how many looks in a row without any state it gives up (SLURM unreachable).
+POLL_S = 2.0
+BLIND_LOOKS = 30
 
 
 def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
@@ -48,19 +52,36 @@ def _state_line(status: JobStatus) -> str:
     return line
 
 
+class LostTrack(HpclaunchError):
+    """The follower cannot tell the job's state any more; the message says why."""
+
+    exit_code = ExitCode.SLURM
+
+
 def watch(
     look: Callable[[], JobStatus],
     emit: Callable[[str], None],
     sleep: Callable[[float], None] = time.sleep,
+    blind_looks: int = BLIND_LOOKS,
 ) -> JobStatus:
-    """Look at the job until it has ended, emitting each change; returns the last look."""
+    """Look at the job until it has ended, emitting each change; returns the last look.
+    Raises LostTrack when SLURM has forgotten the job and its folder does not say how
+    it ended, or after ``blind_looks`` looks in a row without a state."""
     before: JobStatus | None = None
+    blind = 0
     while True:
         now = look()
         for line in changes(before, now):
             emit(line)
-        if now.ended or (now.state is None and before is not None and before.ended):
+        if now.ended:
             return now
+        blind = blind + 1 if now.state is None else 0
+        if now.state is None and (now.slurm_forgot or blind >= blind_looks):
+            why = "; ".join(now.notes) or "no state from SLURM or the job folder"
+            raise LostTrack(
+                f"cannot tell whether job {now.job_id} is still running: {why}. "
+                f"`hpclaunch logs {now.job_id}` shows what it wrote"
+            )
         before = now
         sleep(POLL_S)
 
@@ -80,6 +101,8 @@ class Tail:
             start = self.offsets.get(path, 0)
             try:
                 with path.open("rb") as handle:
+                    if start > os.fstat(handle.fileno()).st_size:
+                        start = 0  # the file was truncated: read it again
                     handle.seek(start)
                     data = handle.read()
             except OSError:

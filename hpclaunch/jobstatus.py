@@ -16,24 +16,42 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch import checkpoint, failures, joblogs, registry, requeue
-from hpclaunch.errors import SlurmError
+from hpclaunch.errors import SlurmError, SlurmNotFound
 from hpclaunch.hostlist import HostlistError, expand
 from hpclaunch.slurm import Slurm
 
-# SLURM states after which the job runs no more (REQUEUED and PENDING are not).
+# SLURM states after which the job runs no more (REQUEUED and PENDING are not);
+# ENDED is hpclaunch's, for a job SLURM forgot without saying how it ended.
 FINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "PREEMPTED", "ENDED",
 })  # fmt: skip
-# How history.json's last run maps to a state, when SLURM no longer knows the job.
+# A run that ended the job, by what the supervisor did next and why: the state to show
+# once SLURM has forgotten the job. After a requeue the job is not over.
+_ENDING_ACTIONS = {
+    requeue.Action.NONE.value,
+    requeue.Action.GIVE_UP.value,
+    requeue.Action.REQUEUE_FAILED.value,
+}
+_REQUEUED_ACTIONS = {requeue.Action.REQUEUE.value, requeue.Action.SLURM_REQUEUES.value}
 _HISTORY_STATES = {
     requeue.Reason.COMPLETED.value: "COMPLETED",
     requeue.Reason.CANCELLED.value: "CANCELLED",
-    requeue.Reason.FAILED.value: "FAILED",
-    requeue.Reason.BUG.value: "FAILED",
-    requeue.Reason.BAD_NODES.value: "FAILED",
-    requeue.Reason.OVER_BUDGET.value: "FAILED",
 }
+# scontrol's answer for a job it no longer remembers (ended longer ago than MinJobAge).
+FORGOTTEN = "Invalid job id"
+
+
+def history_state(action: str | None, reason: str | None) -> str | None:
+    """The state history.json gives a run that has ended: the job's, when that run was
+    its last; None when the run did not say."""
+    if action in _REQUEUED_ACTIONS:
+        return "REQUEUED"
+    if action in _ENDING_ACTIONS:
+        if action == requeue.Action.NONE.value:
+            return _HISTORY_STATES.get(reason or "", "FAILED")
+        return "FAILED"
+    return None
 
 
 @dataclass(frozen=True)
@@ -71,11 +89,13 @@ class JobStatus:
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     checkpoint_dir: str | None = None
-    root_cause: str | None = None
+    root_cause: str | None = None  # the latest run's root-cause block, if it failed
     job_dir: str | None = None
     batch_log: str | None = None
     runs: list[RunSummary] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    slurm_forgot: bool = False  # scontrol: "Invalid job id", and no sacct answer
+    slurm_unreachable: bool = False  # SLURM's commands are missing, or did not answer
 
     @property
     def ended(self) -> bool:
@@ -89,14 +109,20 @@ class JobStatus:
 
 def gather(
     job_id: int,
-    slurm: Slurm,
+    slurm: Slurm | None,
     env: Mapping[str, str],
     job_dir: Path | None = None,
 ) -> JobStatus:
-    """The job's status. ``job_dir`` overrides where the job folder is looked for."""
+    """The job's status. ``job_dir`` overrides where the job folder is looked for;
+    ``slurm`` None: do not ask SLURM (it is known to be unreachable)."""
     status = JobStatus(job_id)
-    fields = _slurm_fields(job_id, slurm, status)
-    folder = job_dir or locate(job_id, env, fields)
+    fields: dict[str, str] = {}
+    if slurm is None:
+        status.slurm_unreachable = True
+    else:
+        fields = _slurm_fields(job_id, slurm, status)
+    entry = registry.find(env, job_id)
+    folder = job_dir or locate(job_id, entry, fields)
     if folder is None:
         status.notes.append(
             f"job {job_id}'s folder is unknown (not in {registry.path(env)}, and SLURM "
@@ -107,21 +133,35 @@ def gather(
     else:
         status.job_dir = str(folder)
         _from_folder(folder, status)
-    if status.state is None and status.runs:
+    if status.name is None and entry is not None:
+        status.name = entry.name
+    if status.state is None and status.slurm_forgot and status.runs:
         last = status.runs[-1]
-        if last.ended is not None and last.reason in _HISTORY_STATES:
-            status.state, status.state_source = _HISTORY_STATES[last.reason], "history"
-    if status.batch_log is None and status.job_dir is not None and status.name:
-        candidate = Path(status.job_dir).parent / f"{status.name}-{job_id}.out"
-        if candidate.exists():
-            status.batch_log = str(candidate)
+        if last.ended is not None:
+            status.state = history_state(last.action, last.reason)
+            status.state_source = "history" if status.state else None
+        if status.state in (None, "REQUEUED"):
+            status.state, status.state_source = "ENDED", "history"
+            status.notes.append(
+                "SLURM no longer knows the job and its last run did not record how it "
+                "ended (cancelled while pending, or its batch node was lost)"
+            )
+    if status.batch_log is None and status.job_dir is not None:
+        status.batch_log = _batch_log(Path(status.job_dir).parent, job_id, status.name)
     return status
 
 
-def locate(job_id: int, env: Mapping[str, str], fields: Mapping[str, str]) -> Path | None:
-    """The job folder: the registry's entry, else the folder of SLURM's ``StdOut``
+def _batch_log(log_dir: Path, job_id: int, name: str | None) -> str | None:
+    """``LOG_DIR/NAME-JOBID.out``, the rendered script's --output."""
+    if name is not None and (log_dir / f"{name}-{job_id}.out").exists():
+        return str(log_dir / f"{name}-{job_id}.out")
+    found = sorted(log_dir.glob(f"*-{job_id}.out"))
+    return str(found[0]) if found else None
+
+
+def locate(job_id: int, entry: registry.Entry | None, fields: Mapping[str, str]) -> Path | None:
+    """The job folder: the job list's entry, else the folder of SLURM's ``StdOut``
     (the rendered script writes the batch log next to the job folders)."""
-    entry = registry.find(env, job_id)
     if entry is not None:
         return Path(entry.job_dir)
     out = fields.get("StdOut", "")
@@ -130,24 +170,34 @@ def locate(job_id: int, env: Mapping[str, str], fields: Mapping[str, str]) -> Pa
     return None
 
 
+def _first_line(exc: SlurmError) -> str:
+    text = (exc.stderr.strip() or str(exc)).splitlines()
+    return text[0] if text else "no answer"
+
+
 def _slurm_fields(job_id: int, slurm: Slurm, status: JobStatus) -> dict[str, str]:
     try:
         fields = slurm.job_fields(job_id)
+    except SlurmNotFound:
+        status.slurm_unreachable = True
+        status.notes.append("SLURM's commands are not on PATH here; showing the job folder only")
+        return {}
     except SlurmError as exc:
-        shown = exc.stderr.strip() or str(exc)
+        forgotten = FORGOTTEN in exc.stderr
         try:
             accounted = slurm.accounted_job(job_id)
         except SlurmError as sacct:
-            status.notes.append(
-                f"scontrol: {shown.splitlines()[0] if shown else 'no answer'}; sacct: "
-                f"{(sacct.stderr.strip() or str(sacct)).splitlines()[0]}"
-            )
+            status.slurm_forgot = forgotten
+            status.slurm_unreachable = not forgotten
+            status.notes.append(f"scontrol: {_first_line(exc)}; sacct: {_first_line(sacct)}")
             return {}
         if not accounted:
+            status.slurm_forgot = forgotten
             status.notes.append(f"neither scontrol nor sacct knows job {job_id}")
             return {}
         status.state, status.state_source = accounted.get("State") or None, "sacct"
         status.nodes = _hosts(accounted.get("NodeList", ""))
+        status.exit_code = accounted.get("ExitCode") or None
         return accounted
     status.state, status.state_source = fields.get("JobState") or None, "scontrol"
     status.name = fields.get("JobName") or None
@@ -160,7 +210,7 @@ def _slurm_fields(job_id: int, slurm: Slurm, status: JobStatus) -> dict[str, str
     if restarts.isdigit():
         status.requeues = int(restarts)
     out = fields.get("StdOut", "")
-    if out.startswith("/"):
+    if out.startswith("/") and Path(out).exists():
         status.batch_log = out
     return fields
 
@@ -201,7 +251,11 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
     ckpt_dir = Path(history.checkpoint_dir) if history and history.checkpoint_dir else None
     ckpt_dir = ckpt_dir or folder / "checkpoints"
     status.checkpoint_dir = str(ckpt_dir)
-    complete = checkpoint.complete(ckpt_dir)
+    try:
+        complete = checkpoint.complete(ckpt_dir)
+    except OSError as exc:
+        status.notes.append(f"checkpoint folder {ckpt_dir} cannot be read: {exc.strerror}")
+        complete = []
     if complete:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
     status.root_cause = _root_cause(folder, status.runs)
@@ -215,7 +269,10 @@ def _root_cause(folder: Path, runs: list[RunSummary]) -> str | None:
         for path in (folder / "failures").glob("requeue-*")
         if (number := _number(path.name)) is not None
     )
+    latest = max((r.requeue for r in runs), default=None)
     for requeue_count, run in reversed(numbered):
+        if latest is not None and requeue_count != latest:
+            return None  # an earlier run's failure is not why the job is where it is
         blocks = sorted(run.glob("root-cause-*.txt"))
         if not blocks:
             continue
@@ -225,7 +282,7 @@ def _root_cause(folder: Path, runs: list[RunSummary]) -> str | None:
         chosen = failures.block_path(folder, requeue_count, node) if node else None
         for block in ([chosen] if chosen in blocks else []) + blocks:
             try:
-                return block.read_text().rstrip()
+                return block.read_text(errors="replace").rstrip()
             except OSError:
                 continue
     return None

@@ -4,7 +4,9 @@ by default), written by ``hpclaunch sbatch`` and read by ``hpclaunch list``,
 ``status``, ``logs`` and ``cancel`` to find a job's folder.
 
 Each line is appended with one ``write`` on a file opened for appending, so
-concurrent submissions never interleave. Pure file handling: no SLURM, no torch.
+concurrent submissions on one machine do not interleave (NFS gives no such promise;
+a damaged line is skipped when read). Lines with keys a later version added are
+read all the same. Pure file handling: no SLURM, no torch.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 REGISTRY_NAME = "jobs.jsonl"
@@ -28,6 +30,20 @@ class Entry:
     submitted: float  # seconds since the epoch
     cluster: str | None = None
     workdir: str = ""  # the folder it was submitted from
+
+    @classmethod
+    def from_json(cls, data: object) -> Entry:
+        """An entry from one line's object; keys a later version added are ignored.
+        Raises ValueError when a known key is missing or of the wrong type."""
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        entry = cls(**known)
+        checks = ((entry.job_id, int), (entry.job_dir, str), (entry.name, str),
+                  (entry.submitted, (int, float)))  # fmt: skip
+        if any(isinstance(v, bool) or not isinstance(v, t) for v, t in checks):
+            raise ValueError("a value of the wrong type")
+        return entry
 
 
 def path(env: Mapping[str, str]) -> Path:
@@ -55,13 +71,12 @@ def entries(env: Mapping[str, str]) -> list[Entry]:
     an empty registry."""
     try:
         lines = path(env).read_text(errors="replace").splitlines()
-    except FileNotFoundError:
+    except OSError:  # none yet, or unreadable: no jobs to show from it
         return []
     found = []
     for line in lines:
         try:
-            data = json.loads(line)
-            found.append(Entry(**data))
+            found.append(Entry.from_json(json.loads(line)))
         except (ValueError, TypeError):
             continue
     return found

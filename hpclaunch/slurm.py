@@ -197,16 +197,16 @@ class Slurm:
         return parse_show_job(self._run(("scontrol", "show", "job", str(job_id))).stdout)
 
     def accounted_job(self, job_id: int | str) -> dict[str, str]:
-        """The job's State and NodeList from ``sacct`` (an empty dict when sacct does
+        """The job's State, NodeList and ExitCode from ``sacct`` (an empty dict when sacct does
         not know it). Raises SlurmError, also where there is no accounting database."""
         argv = ("sacct", "--noheader", "--allocations", "--parsable2",
-                "--format=State,NodeList", f"--jobs={job_id}")  # fmt: skip
+                "--format=State,NodeList,ExitCode", f"--jobs={job_id}")  # fmt: skip
         lines = [line for line in self._run(argv).stdout.splitlines() if line.strip()]
         if not lines:
             return {}
-        state, _, nodes = lines[-1].partition("|")
+        state, nodes, exit_code = [*lines[-1].split("|"), "", "", ""][:3]
         words = state.split()  # "CANCELLED by 0"
-        return {"State": words[0] if words else "", "NodeList": nodes}
+        return {"State": words[0] if words else "", "NodeList": nodes, "ExitCode": exit_code}
 
     def cancel(self, job_id: int) -> None:
         """``scancel JOBID``: SLURM stops every process of the job. Raises SlurmError."""

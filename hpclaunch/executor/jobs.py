@@ -19,21 +19,16 @@ from submitit.local.local import LocalJob as _SubmititLocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher
 from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
 
+from hpclaunch import jobstatus
 from hpclaunch.errors import SlurmError
 from hpclaunch.executor.files import info_path
 from hpclaunch.slurm import Slurm
 
 R = TypeVar("R")
 
-# SLURM states after which a job runs no more (a requeued job passes through
-# REQUEUED and PENDING, which are not among them).
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "ENDED",
-})  # fmt: skip
 # The state of a job that scontrol no longer knows, where there is no sacct.
 FORGOTTEN = "ENDED"
-INVALID_JOB = "Invalid job id"
+INVALID_JOB = jobstatus.FORGOTTEN
 LOG_TAIL_LINES = 40
 # After SLURM says the job ended, how long result() waits for rank 0's result
 # file to be visible (a shared filesystem may show it late).
@@ -52,7 +47,7 @@ class ScontrolWatcher(SlurmInfoWatcher):
         return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"
 
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
-        return self.get_state(job_id, mode=mode).split()[0] in FINAL_STATES
+        return self.get_state(job_id, mode=mode).split()[0] in jobstatus.FINAL_STATES
 
     def update(self) -> None:
         self._num_calls += 1

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             settings.max_requeues,
         )
     for block in sorted(failures.folder(job_dir, requeue).glob("root-cause-*.txt")):
-        sys.stderr.write(block.read_text())
+        sys.stderr.write(block.read_text(errors="replace"))
+    settings_path.unlink(missing_ok=True)  # the job is over: no further run reads it
     return status
 
 

@@ -59,7 +59,8 @@ def _profile_key(name: str) -> str:
 
 def _submitit_value(name: str, value: Any) -> Any:
     """submitit's units in hpclaunch's: minutes and gigabytes as SLURM strings."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:
         raise ParameterError(name, f"update_parameters({name}={value!r}): give a positive number")
     if name == "timeout_min":
         return str(math.ceil(value))  # SLURM counts whole minutes

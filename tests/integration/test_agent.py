@@ -162,8 +162,11 @@ def test_one_attempt_counter_on_every_node_and_logs_per_rank(
     runs = tmp_path / "logs" / str(job_id) / "logs" / "requeue-0" / "step-0"
     assert sorted(p.name for p in runs.iterdir()) == ["attempt-0", "attempt-1"]
     for attempt in ("attempt-0", "attempt-1"):
-        names = sorted(p.name for p in (runs / attempt).iterdir() if p.suffix != ".json")
+        names = sorted(p.name for p in (runs / attempt).iterdir() if p.suffix in (".err", ".out"))
         assert names == [f"rank-{r}.{k}" for r in range(4) for k in ("err", "out")]
+        # Each agent noted which ranks it ran (for `hpclaunch logs --node`).
+        noted = [json.loads(p.read_text()) for p in sorted((runs / attempt).glob("node-*.ranks"))]
+        assert sorted(map(sorted, noted)) == [[0, 1], [2, 3]]
     assert (
         "rank 1 crashes on purpose" in (runs / "attempt-0" / "rank-1.err").read_text().splitlines()
     )

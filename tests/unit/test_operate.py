@@ -305,3 +305,84 @@ def test_a_lost_node_is_kept_out_after_slurms_requeue() -> None:
     assert _keep_lost_out(Slurm(healthy), JOB, ["n1"], []) == ()
     assert [call[0] for call in healthy.calls] == ["sinfo"]  # nothing to update
     assert _keep_lost_out(Slurm(FakeRunner({})), JOB, ["n1"], []) == ()  # no sinfo here
+
+
+def test_history_tells_the_state_only_once_slurm_forgot(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    folder = job_folder(tmp_path)
+    history = requeue.History.load(folder, JOB)
+    requeue.finish(history.runs[-1], 1, None, requeue.Decision(
+        requeue.Action.REQUEUE, requeue.Reason.BAD_NODES, 0, ("n3",)))  # fmt: skip
+    history.save(folder)
+
+    def timed_out(argv: tuple[str, ...]) -> CommandResult:
+        return CommandResult(argv, 1, "", "slurm_load_jobs error: Socket timed out\n")
+
+    unreachable = Slurm(FakeRunner({"scontrol": timed_out, "sacct": no_sacct}))
+    status = gather(JOB, unreachable, env, folder)
+    assert status.state is None and not status.ended and status.slurm_unreachable
+    forgot = Slurm(FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}))
+    status = gather(JOB, forgot, env, folder)
+    # Requeued, then forgotten: cancelled while pending, or lost; it is over, without a verdict.
+    assert (status.state, status.state_source) == ("ENDED", "history") and status.ended
+    assert "did not record how it ended" in status.notes[-1]
+    requeue.finish(history.runs[-1], 1, None, requeue.Decision(
+        requeue.Action.REQUEUE_FAILED, requeue.Reason.TIME_LIMIT, 3))  # fmt: skip
+    history.save(folder)
+    assert gather(JOB, forgot, env, folder).state == "FAILED"
+
+
+def test_following_a_job_nobody_can_place_gives_up() -> None:
+    from hpclaunch.follow import LostTrack
+
+    forgotten = JobStatus(JOB, slurm_forgot=True, notes=["scontrol: Invalid job id"])
+    with pytest.raises(LostTrack, match=f"cannot tell whether job {JOB} is still running"):
+        watch(lambda: forgotten, lambda line: None, lambda s: None)
+    blind = JobStatus(JOB, slurm_unreachable=True, notes=["scontrol: Socket timed out"])
+    sleeps: list[float] = []
+    with pytest.raises(LostTrack, match="Socket timed out"):
+        watch(lambda: blind, lambda line: None, sleeps.append, blind_looks=3)
+    assert len(sleeps) == 2
+
+
+def test_the_batch_log_and_name_outlive_slurms_memory(tmp_path: Path, env: dict[str, str]) -> None:
+    folder = job_folder(tmp_path)
+    (folder.parent / f"train-{JOB}.out").write_bytes(b"supervisor: \xff job completed\n")
+    registry.add(env, registry.Entry(JOB, str(folder), "train", 1000.0))
+    status = gather(JOB, Slurm(FakeRunner({"scontrol": scontrol(), "sacct": no_sacct})), env)
+    assert status.name == "train" and status.batch_log == str(folder.parent / f"train-{JOB}.out")
+    shown = cli(tmp_path, env, FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}),
+                "logs", str(JOB))  # fmt: skip
+    assert shown.exit_code == 0 and "job completed" in shown.stdout
+
+
+def test_a_damaged_root_cause_or_a_future_job_list_line_is_read(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    folder = job_folder(tmp_path)
+    block = folder / "failures" / "requeue-1" / "root-cause-n1.txt"
+    block.parent.mkdir(parents=True)
+    block.write_bytes(b"root cause: rank 0 \xff\xfe\n")
+    assert "root cause: rank 0" in (
+        gather(JOB, Slurm(FakeRunner({})), env, folder).root_cause or ""
+    )
+    target = registry.path(env)
+    target.parent.mkdir(parents=True)
+    target.write_text(
+        json.dumps({"job_id": 5, "job_dir": "/j/5", "name": "a", "submitted": 1.0, "new": 1})
+        + "\n" + json.dumps({"job_id": 6, "job_dir": "/j/6", "name": "b", "submitted": "x"})
+        + "\n"
+    )  # fmt: skip
+    assert [e.job_id for e in registry.entries(env)] == [5]  # extra key kept, bad type skipped
+
+
+def test_bad_job_ids_and_flags_are_usage_errors(tmp_path: Path, env: dict[str, str]) -> None:
+    fake = FakeRunner({})
+    odd = cli(tmp_path, env, fake, "status", "\u00b2")
+    assert odd.exit_code == 2 and "is not a job id" in odd.stderr and "Traceback" not in odd.output
+    (tmp_path / "train.py").write_text("")
+    both = cli(tmp_path, env, fake, "sbatch", "--dry-run", "--follow", "train.py")
+    assert both.exit_code == 2 and "--dry-run submits none" in both.stderr
+    unreachable = cli(tmp_path, env, fake, "status", "12")  # no SLURM commands, no folder
+    assert unreachable.exit_code == 3 and "not on PATH here" in unreachable.stderr
