@@ -32,12 +32,15 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
     new_exclusions = [e for e in after.excluded if e not in old.excluded]
     for exclusion in new_exclusions:
         lines.append(f"node {exclusion.node} kept out: {exclusion.reason}")
-    if after.state != old.state or (after.nodes != old.nodes and after.nodes):
+    state_changed = after.state != old.state or (after.nodes != old.nodes and after.nodes)
+    if state_changed and not after.ended:
         lines.append(_state_line(after))
     if after.attempts > old.attempts and after.attempts > 1 and after.requeues == old.requeues:
         lines.append(f"worker group restarted in place (attempt {after.attempts})")
     if after.checkpoint_step is not None and after.checkpoint_step != old.checkpoint_step:
         lines.append(f"checkpoint: step {after.checkpoint_step}")
+    if state_changed and after.ended:
+        lines.append(_state_line(after))  # the end comes last
     return lines
 
 

@@ -162,8 +162,9 @@ def test_changes_are_told_once_each() -> None:
         "node n2 kept out: bad nodes: boom",
         "state PENDING (BeginTime)",
     ]
-    done = JobStatus(JOB, state="FAILED", exit_code="1:0", requeues=1, checkpoint_step=10)
-    assert changes(requeued, done)[-1] == "state FAILED, exit code 1:0"
+    done = JobStatus(JOB, state="FAILED", exit_code="1:0", requeues=1, checkpoint_step=12)
+    # The last checkpoint and the end seen in one look: the end comes last.
+    assert changes(requeued, done) == ["checkpoint: step 12", "state FAILED, exit code 1:0"]
     assert exit_status(done) == 1
 
 
