@@ -10,7 +10,7 @@ is reported, and ``notes`` say what could not be read. No torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,12 +258,13 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
         complete = []
     if complete:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
-    status.root_cause = _root_cause(folder, status.runs)
+    status.root_cause = root_cause(folder, status.runs)
 
 
-def _root_cause(folder: Path, runs: list[RunSummary]) -> str | None:
-    """The root-cause block of the latest run that has one: the culprit's, as the
-    supervisor printed it (the first bad node, else the earliest error of its own)."""
+def root_cause(folder: Path, runs: Sequence[RunSummary] = ()) -> str | None:
+    """The root-cause block of the latest run that has one (of the latest of ``runs``
+    only, when given): the culprit's, as the supervisor printed it (the first bad
+    node, else the earliest error of its own)."""
     numbered = sorted(
         (number, path)
         for path in (folder / "failures").glob("requeue-*")

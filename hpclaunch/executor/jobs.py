@@ -19,7 +19,7 @@ from submitit.local.local import LocalJob as _SubmititLocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher
 from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
 
-from hpclaunch import jobstatus
+from hpclaunch import joblogs, jobstatus
 from hpclaunch.errors import SlurmError
 from hpclaunch.executor.files import info_path
 from hpclaunch.slurm import Slurm
@@ -110,22 +110,15 @@ class _HpclaunchLogs:
     def rank_log(self, rank: int, kind: str = "out") -> Path | None:
         """The latest run's log of global ``rank``: ``kind`` is ``out``, ``err`` or
         ``json`` (torch's error file). None while there is none."""
-        found = []
-        for path in self.job_dir.glob(f"logs/requeue-*/step-*/attempt-*/rank-{rank}.{kind}"):
-            attempt, requeue = path.parents[0].name, path.parents[2].name
-            found.append((_number(requeue), _number(attempt), path))
-        return max(found)[2] if found else None
+        for attempt in reversed(joblogs.attempts(self.job_dir)):
+            path = joblogs.rank_file(attempt.folder, rank, kind)
+            if path.exists():
+                return path
+        return None
 
     def root_cause(self) -> str | None:
         """The root-cause block of the job's last failed run, if any."""
-        runs = sorted((_number(p.name), p) for p in (self.job_dir / "failures").glob("requeue-*"))
-        for _, folder in reversed(runs):
-            for block in sorted(folder.glob("root-cause-*.txt")):
-                try:
-                    return block.read_text()
-                except OSError:
-                    continue
-        return None
+        return jobstatus.root_cause(self.job_dir)
 
     def exception(self) -> UncompletedJobError | FailedJobError | None:
         """submitit's, pointing at hpclaunch's logs rather than submitit's."""
@@ -152,13 +145,6 @@ class _HpclaunchLogs:
         if log:
             lines += ["the end of its log:", *log.splitlines()[-LOG_TAIL_LINES:]]
         raise UncompletedJobError("\n".join(lines))
-
-
-def _number(name: str) -> int:
-    try:
-        return int(name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
 
 
 class Job(_HpclaunchLogs, _SubmititSlurmJob[R]):
