@@ -145,7 +145,8 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
         # torch serves the state from a one-second cache between reads, so a waiting
         # node sees the last join up to a second late, whatever its poll interval.
         # While joining, read it fresh each time; afterwards (heartbeats, the agent's
-        # checks for waiting nodes) the cache spares the store again.
+        # checks for waiting nodes) the cache, scaled with the job (scale_cache),
+        # spares the store again.
         holder = self._state_holder
         cache = getattr(holder, "_cache_duration", None)
         if cache is not None:
@@ -176,6 +177,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     node = stock._this_node
     ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
     handler = RankedHandler(ranked, stock._settings, NAME, store, stock._state_holder)
+    scale_cache(stock._state_holder, params.max_nodes)
     keep_multiple_of(handler, params)
     return handler
 
@@ -212,6 +214,16 @@ def scale_delays(max_nodes: int) -> None:
 
     scaled.hpclaunch_factor = factor  # type: ignore[attr-defined]
     setattr(dynamic, "_delay", scaled)  # noqa: B010 (not re-exported by torch)
+
+
+def scale_cache(holder: Any, max_nodes: int) -> None:
+    """Scale the state holder's cache like the delays. Between rounds the agent asks
+    every 0.1 s whether a node waits for a new one (a node whose worker failed); from
+    torch's one-second cache the other nodes would see it up to a second late, and each
+    restart would wait for that."""
+    cache = getattr(holder, "_cache_duration", None)
+    if isinstance(cache, int | float):
+        holder._cache_duration = cache * delay_factor(max_nodes)
 
 
 def register() -> None:
