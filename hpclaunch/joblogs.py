@@ -206,8 +206,23 @@ def root_cause_block(
 
 def _blame_order(failure: Failure) -> tuple[bool, float, int]:
     """Workers that died of the SIGTERM the agent sends the others after the first
-    failure come last; then the earliest (torch's times are whole seconds), then rank."""
-    return (failure.exitcode == -signal.SIGTERM, failure.timestamp, failure.rank)
+    failure come last; then the one that ended first, then rank.
+
+    torch's times are whole seconds, and a rank that raises because its peer died
+    (gloo: "connection closed by peer") usually ends in the same second as that peer.
+    What a worker writes last before it exits is its stderr, so that file's change time
+    orders them: the peer's error can only come after the failure that caused it."""
+    return (failure.exitcode == -signal.SIGTERM, _ended_at(failure), failure.rank)
+
+
+def _ended_at(failure: Failure) -> float:
+    for path in (failure.stderr_file, failure.error_file):
+        if path:
+            try:
+                return Path(path).stat().st_mtime
+            except OSError:
+                continue
+    return failure.timestamp
 
 
 def _when(timestamp: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,24 @@ def test_root_cause_without_any_traceback() -> None:
                              command=("app",))  # fmt: skip
     assert "killed by SIGKILL (exit code -9)" in block
     assert "traceback : none recorded" in block
+
+
+def test_root_cause_is_the_rank_that_ended_first_within_the_same_second(tmp_path: Path) -> None:
+    # Rank 3 raises; rank 2 then fails in gloo because rank 3 went away. torch gives both
+    # the same whole second; their stderr logs, written last before exit, say who was first.
+    first = tmp_path / "rank-3.err"
+    first.write_text("\n".join(TRACE) + "\n")
+    then = tmp_path / "rank-2.err"
+    then.write_text("[rank2]: RuntimeError: Connection closed by peer\n")
+    os.utime(first, ns=(1_000_100_000_000, 1_000_100_000_000))
+    os.utime(then, ns=(1_000_300_000_000, 1_000_300_000_000))
+    failures = [
+        Failure(2, 0, 1, 41, 1000.0, "", str(then)),
+        Failure(3, 1, 1, 42, 1000.0, "", str(first)),
+    ]
+    block = root_cause_block(failures, job_id=5, host="n2", node_rank=1, command=("app",))
+    assert "root cause: rank 3 (local rank 1, pid 42), exit code 1" in block
+    assert block.splitlines()[-2] == "  then      : rank 2 (local rank 0), exit code 1"
+    os.utime(then, ns=(1_000_050_000_000, 1_000_050_000_000))  # now rank 2 was first
+    block = root_cause_block(failures, job_id=5, host="n2", node_rank=1, command=("app",))
+    assert "root cause: rank 2 (local rank 0, pid 41)" in block
