@@ -8,6 +8,7 @@ only by ``launch``.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import os
 import shutil
@@ -38,6 +39,15 @@ LINE_PREFIX = "[rank${rank}] "
 ETCD_LAST_CALL_S = 3
 ETCD_HEARTBEAT_S = 2
 ETCD_MISSED_HEARTBEATS = 3
+# torch's own sleep between looks at the workers; the real wait is event-driven.
+MONITOR_SLEEP_S = 0.001
+
+
+class WorkerStart(enum.Enum):
+    """How the agent starts python workers (an executable always starts fresh)."""
+
+    WARM = "warm"  # forked from the agent's zygote, torch already imported
+    FRESH = "fresh"  # a new interpreter each, as torchrun does
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class AgentOptions:
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
     etcd: EtcdFlags = dataclasses.field(default_factory=EtcdFlags)
     node_multiple: int = 1
+    worker_start: WorkerStart = WorkerStart.WARM
 
 
 def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
@@ -109,6 +120,23 @@ def guarded(
     return sys.executable, (guard, str(agent_pid), *command)
 
 
+def starts_warm(opts: AgentOptions) -> bool:
+    """Whether the workers are forked from the zygote (python scripts and modules)."""
+    return opts.worker_start is WorkerStart.WARM and opts.entry_kind is not EntryKind.EXECUTABLE
+
+
+def launched_as(
+    opts: AgentOptions, agent_pid: int, setpriv: str | None
+) -> tuple[str, tuple[str, ...]]:
+    """The (entrypoint, args) pair torch's elastic_launch is given for the workers: the
+    python command line itself when the zygote starts them (they die with it), else
+    the command guarded to die with the agent."""
+    command = worker_command(opts)
+    if starts_warm(opts):
+        return command[0], command[1:]
+    return guarded(command, agent_pid, setpriv)
+
+
 def launch_settings(
     ctx: NodeContext, opts: AgentOptions, master_addr: str, local_addr: str
 ) -> dict[str, Any]:
@@ -148,7 +176,9 @@ def launch_settings(
         "rdzv_backend": backend,
         "rdzv_configs": configs,
         "max_restarts": opts.max_restarts,
-        "monitor_interval": opts.monitor_interval_s,
+        # torch sleeps this long between looks at the workers; RecordingAgent waits
+        # instead for a worker's exit, up to monitor_interval_s (hpclaunch's interval).
+        "monitor_interval": MONITOR_SLEEP_S,
         "start_method": "spawn",
         "local_addr": local_addr,
         "signals_to_handle": HANDLED_SIGNALS,
@@ -237,6 +267,32 @@ def launch(
     ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any], env: Mapping[str, str]
 ) -> int:
     """Run the workers through torch's elastic agent; return the exit status."""
+    zygote = _fork_zygote() if starts_warm(opts) else None
+    try:
+        return _launch(ctx, opts, settings, env, zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _fork_zygote() -> Any:
+    """The zygote the workers are forked from, or None (then they start fresh)."""
+    # What the zygote is for: the workers forked from it find these imported.
+    import torch.distributed.distributed_c10d  # noqa: F401
+
+    from hpclaunch.elastic.zygote import Zygote, ZygoteError
+
+    try:
+        return Zygote.fork()
+    except (ZygoteError, OSError) as exc:
+        log.warning("workers start fresh: %s", exc)
+        return None
+
+
+def _launch(
+    ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any],
+    env: Mapping[str, str], zygote: Any,
+) -> int:  # fmt: skip
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import (
@@ -253,7 +309,14 @@ def launch(
     # The agent's own environment is what torch hands to the workers and what it
     # reads its store setting from: this process is ours, and ends with the job step.
     os.environ.update(worker_env(ctx, opts.rdzv))
-    command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
+    if zygote is not None:
+        from hpclaunch.elastic import warm
+
+        agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
+        warm.install(zygote, lambda worker: guarded(worker, agent_pid, setpriv))
+        command, args = launched_as(opts, agent_pid, None)
+    else:
+        command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
     job = job_folder(ctx, opts, env)
     logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee, node=ctx.hostname)
 
@@ -264,7 +327,7 @@ def launch(
             ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
         log.info("attempt %d failed; record in %s", attempt, path)
 
-    recording_agent.install(record)
+    recording_agent.install(record, opts.monitor_interval_s)
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",

@@ -516,6 +516,14 @@ def supervise(
     show_default=True,
     help="Seconds the workers get to exit after a signal is passed on, before SIGKILL.",
 )
+@click.option(
+    "--worker-start",
+    type=click.Choice(["warm", "fresh"]),
+    default="warm",
+    show_default=True,
+    help="warm: python workers are forked from a copy of the agent that has imported "
+    "torch (fast launch and restart); fresh: a new interpreter each, as torchrun does.",
+)
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a Python module name.")
 @click.option("--no-python", is_flag=True, help="SCRIPT is an executable.")
 @click.option("--dry-run", is_flag=True, help="Print the node context and launch settings as JSON.")
@@ -541,6 +549,7 @@ def agent(
     no_python: bool,
     dry_run: bool,
     node_multiple: int,
+    worker_start: str,
     **etcd: Any,
 ) -> None:
     """Start this node's workers of SCRIPT [ARGS]... through torch's elastic agent.
@@ -558,6 +567,7 @@ def agent(
         nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
         master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
         job_dir=job_dir, tee=tee, grace_period_s=grace_period, node_multiple=node_multiple,
+        worker_start=node_agent.WorkerStart(worker_start),
         etcd=EtcdFlags(
             endpoints=etcd.pop("etcd_endpoints") or (), sidecar=etcd.pop("etcd_sidecar"),
             **{k.removeprefix("etcd_"): v for k, v in etcd.items()},
@@ -582,9 +592,7 @@ def agent(
             sidecar.stop()
         fail(exc)
     if dry_run:
-        launcher, launcher_args = node_agent.guarded(
-            node_agent.worker_command(opts), os.getpid(), shutil.which("setpriv")
-        )
+        launcher, launcher_args = node_agent.launched_as(opts, os.getpid(), shutil.which("setpriv"))
         payload = {
             "context": {
                 "job_id": ctx.job_id, "node_rank": ctx.node_rank, "nnodes": ctx.nnodes,
@@ -600,6 +608,7 @@ def agent(
             )),
             "worker_command": list(node_agent.worker_command(opts)),
             "launched_as": [launcher, *launcher_args],
+            "worker_start": "warm" if node_agent.starts_warm(opts) else "fresh",
             "worker_env": node_agent.worker_env(ctx, opts.rdzv),
         }  # fmt: skip
         click.echo(json.dumps(payload, indent=2))

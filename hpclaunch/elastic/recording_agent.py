@@ -11,6 +11,9 @@ Written against torch 2.13.
 from __future__ import annotations
 
 import logging
+import os
+import select
+import time
 from collections.abc import Callable
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -26,11 +29,17 @@ LOST_PEER_GRACE_S = 5
 
 
 class RecordingAgent(LocalElasticAgent):
-    """Calls ``on_failure(result)`` once for every failed attempt."""
+    """Calls ``on_failure(result)`` once for every failed attempt, and looks at the
+    workers as soon as one exits rather than once per interval."""
 
     on_failure: Callable[[RunResult], None] | None = None
+    # The longest wait between two looks at the workers (torch's monitor interval is
+    # set near zero: its plain sleep is replaced by the wait for an exit).
+    monitor_wait_s: float = 0.1
+    _pidfds: dict[int, int]
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._wait_for_exit(type(self).monitor_wait_s)
         result: RunResult = super()._monitor_workers(worker_group)
         callback = type(self).on_failure
         if result.is_failed() and callback is not None:
@@ -39,6 +48,34 @@ class RecordingAgent(LocalElasticAgent):
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
         return result
+
+    def _wait_for_exit(self, timeout: float) -> None:
+        """Return when a worker exits, or after ``timeout`` s: through the zygote's
+        reports for warm workers, else through a pidfd per worker."""
+        context = self._pcontext
+        warm_wait = getattr(context, "wait_for_exit", None)
+        if warm_wait is not None:
+            warm_wait(timeout)
+            return
+        pids = set(context.pids().values()) if context is not None else set()
+        fds = self.__dict__.setdefault("_pidfds", {})  # pid -> pidfd, or -1 once it exited
+        for pid in set(fds) - pids:
+            if fds[pid] >= 0:
+                os.close(fds[pid])
+            del fds[pid]
+        for pid in pids - set(fds):
+            try:
+                fds[pid] = os.pidfd_open(pid)
+            except OSError:  # gone already, or no pidfds here: the look below sees it
+                fds[pid] = -1
+        waiting = {fd: pid for pid, fd in fds.items() if fd >= 0}
+        if not waiting:
+            time.sleep(timeout)
+            return
+        ready, _, _ = select.select(list(waiting), [], [], timeout)
+        for fd in ready:  # exited: not waited for again
+            os.close(fd)
+            fds[waiting[fd]] = -1
 
     def run(self, role: str = "default") -> RunResult:
         # A node that stood by until the job ended leaves the rendezvous gracefully,
@@ -57,7 +94,8 @@ class RecordingAgent(LocalElasticAgent):
             super()._stop_workers(worker_group)
 
 
-def install(on_failure: Callable[[RunResult], None]) -> None:
+def install(on_failure: Callable[[RunResult], None], monitor_wait_s: float = 0.1) -> None:
     """Make torch's launcher use RecordingAgent with ``on_failure`` in this process."""
     RecordingAgent.on_failure = on_failure
+    RecordingAgent.monitor_wait_s = monitor_wait_s
     setattr(launcher_api, "LocalElasticAgent", RecordingAgent)  # noqa: B010

@@ -55,8 +55,14 @@ dist.destroy_process_group()
 """
 
 
-# PATH with setpriv (util-linux), and PATH without it: workers then go through worker_guard.py.
-GUARDS = {"setpriv": None, "worker_guard": str(VENV_BIN)}
+# How workers are tied to the agent's life: forked from its zygote (the default), or
+# started fresh with PATH holding setpriv (util-linux), or without it: then through
+# worker_guard.py. Value: (PATH, the agent's --worker-start).
+GUARDS = {
+    "zygote": (None, "warm"),
+    "setpriv": (None, "fresh"),
+    "worker_guard": (str(VENV_BIN), "fresh"),
+}
 
 
 def agent_env(job_id: int, path: str | None = None, **extra: str) -> dict[str, str]:
@@ -94,17 +100,26 @@ def test_sigkill_of_the_agent_leaves_no_worker(tmp_path: Path, guard: str) -> No
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     job_id = random.randrange(1, 10**6)
-    env = agent_env(job_id, GUARDS[guard])
+    path, start = GUARDS[guard]
+    env = agent_env(job_id, path)
     dry = subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "agent", "--dry-run", str(script)],
+        [str(VENV_BIN / "hpclaunch"), "agent", "--worker-start", start, "--dry-run", str(script)],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    launched_as = json.loads(dry.stdout)["launched_as"]
+    plan = json.loads(dry.stdout)
+    launched_as = plan["launched_as"]
+    assert plan["worker_start"] == start
     assert (guard == "setpriv") == launched_as[0].endswith("/setpriv")
     assert (guard == "worker_guard") == launched_as[1].endswith("/worker_guard.py")
-    with agent(script, tmp_path, job_id, env=env) as proc:
+    assert (guard == "zygote") == (launched_as[1:3] == ["-u", str(script)])
+    with agent(script, tmp_path, job_id, "--worker-start", start, env=env) as proc:
         try:
             workers = started_workers(tmp_path)
+            table = procs.parents()
+            zygotes = {table[w.pid] for w in workers} - {proc.pid}
+            assert len(zygotes) == (1 if guard == "zygote" else 0)
+            assert all(table.get(z) == proc.pid for z in zygotes)
+            workers += [procs.Tracked.of(z) for z in zygotes]
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         finally:

@@ -138,17 +138,34 @@ def test_a_lost_node_shrinks_the_job_without_a_requeue(
 
 
 def worker_nodes(job_id: int) -> set[str]:
-    """The nodes where workers of the job run (processes with torchrun's LOCAL_RANK)."""
+    """The nodes where workers of the job run. A fresh worker shows torchrun's LOCAL_RANK
+    in /proc/PID/environ; a warm one shows the environment its agent started with (a
+    fork's /proc/PID/environ does not follow os.environ): see _is_warm_worker."""
+    table = procs.parents()
+    job = set(procs.with_environ(f"SLURM_JOB_ID={job_id}".encode(), table))
     found = set()
-    for pid in procs.with_environ(f"SLURM_JOB_ID={job_id}".encode()):
+    for pid in job:
         try:
             entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
         env = dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
-        if "LOCAL_RANK" in env:
+        warm = _is_warm_worker(pid, table)
+        if "LOCAL_RANK" in env or warm:
             found.add(env["SLURMD_NODENAME"])
     return found
+
+
+def _is_warm_worker(pid: int, table: dict[int, int]) -> bool:
+    """A fork of a fork of an agent: the worker, its zygote and its agent share the
+    agent's command line (the zygote alone is a fork of one)."""
+    try:
+        lines = [
+            Path(f"/proc/{p}/cmdline").read_bytes() for p in (pid, table[pid], table[table[pid]])
+        ]
+    except (OSError, KeyError):
+        return False
+    return b"agent" in lines[0] and lines[0] == lines[1] == lines[2]
 
 
 def test_a_spare_node_takes_the_place_of_a_lost_one(
