@@ -8,30 +8,35 @@ only by ``launch``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpclaunch import failures, joblogs
 from hpclaunch.context import ContextError, NodeContext, RankOrder, parse_topology
 from hpclaunch.errors import SlurmError
 from hpclaunch.etcd.access import EtcdFlags
 from hpclaunch.slurm import Slurm
-from hpclaunch.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, Rendezvous
+from hpclaunch.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, Rendezvous, WorkerStart
 from hpclaunch.values import NodeRange
+
+if TYPE_CHECKING:  # the module is imported when a zygote is forked
+    from hpclaunch.elastic.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
 # SLURM's time-limit warning and the preemption signals reach the agent; torch's agent
 # handles only the first four by default and dies of the others, orphaning its workers.
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+# Set to 1 while the agent imports torch (and with it numpy's OpenBLAS): see _fork_zygote.
+BLAS_THREADS_VAR = "OPENBLAS_NUM_THREADS"
 # What the agent puts before each line it copies from a worker's output (--tee).
 LINE_PREFIX = "[rank${rank}] "
 # etcd rendezvous: once MIN nodes are in, how long to wait for the rest (torch: 30 s);
@@ -41,13 +46,6 @@ ETCD_HEARTBEAT_S = 2
 ETCD_MISSED_HEARTBEATS = 3
 # torch's own sleep between looks at the workers; the real wait is event-driven.
 MONITOR_SLEEP_S = 0.001
-
-
-class WorkerStart(enum.Enum):
-    """How the agent starts python workers (an executable always starts fresh)."""
-
-    WARM = "warm"  # forked from the agent's zygote, torch already imported
-    FRESH = "fresh"  # a new interpreter each, as torchrun does
 
 
 @dataclass(frozen=True)
@@ -275,23 +273,38 @@ def launch(
             zygote.close()
 
 
-def _fork_zygote() -> Any:
+def _fork_zygote() -> Zygote | None:
     """The zygote the workers are forked from, or None (then they start fresh)."""
-    # What the zygote is for: the workers forked from it find these imported.
-    import torch.distributed.distributed_c10d  # noqa: F401
+    # What the zygote is for: the workers forked from it find these imported. numpy,
+    # when torch finds it, loads OpenBLAS, which starts a thread per CPU at once, and a
+    # process with threads cannot be forked safely: it loads with one here, and each
+    # worker then sets the count its own environment gives (forked_worker).
+    saved = os.environ.get(BLAS_THREADS_VAR)
+    os.environ[BLAS_THREADS_VAR] = "1"
+    try:
+        import torch.distributed.distributed_c10d  # noqa: F401
+    finally:
+        if saved is None:
+            del os.environ[BLAS_THREADS_VAR]
+        else:
+            os.environ[BLAS_THREADS_VAR] = saved
 
     from hpclaunch.elastic.zygote import Zygote, ZygoteError
 
     try:
-        return Zygote.fork()
+        return Zygote.fork(handled=_signals(HANDLED_SIGNALS))
     except (ZygoteError, OSError) as exc:
-        log.warning("workers start fresh: %s", exc)
+        log.warning("workers start fresh (--worker-start fresh: without this warning): %s", exc)
         return None
+
+
+def _signals(names: str) -> list[signal.Signals]:
+    return [signal.Signals[name.strip()] for name in names.split(",")]
 
 
 def _launch(
     ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any],
-    env: Mapping[str, str], zygote: Any,
+    env: Mapping[str, str], zygote: Zygote | None,
 ) -> int:  # fmt: skip
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -313,7 +326,9 @@ def _launch(
         from hpclaunch.elastic import warm
 
         agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
-        warm.install(zygote, lambda worker: guarded(worker, agent_pid, setpriv))
+        warm.install(
+            zygote, lambda worker: guarded(worker, agent_pid, setpriv), opts.grace_period_s
+        )
         command, args = launched_as(opts, agent_pid, None)
     else:
         command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))

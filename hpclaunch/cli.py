@@ -32,6 +32,7 @@ from hpclaunch.spec import (
     DEFAULT_SUPERVISOR_GRACE_S,
     EntryKind,
     Rendezvous,
+    WorkerStart,
 )
 
 
@@ -518,8 +519,8 @@ def supervise(
 )
 @click.option(
     "--worker-start",
-    type=click.Choice(["warm", "fresh"]),
-    default="warm",
+    type=click.Choice([start.value for start in WorkerStart]),
+    default=WorkerStart.WARM.value,
     show_default=True,
     help="warm: python workers are forked from a copy of the agent that has imported "
     "torch (fast launch and restart); fresh: a new interpreter each, as torchrun does.",
@@ -567,7 +568,7 @@ def agent(
         nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
         master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
         job_dir=job_dir, tee=tee, grace_period_s=grace_period, node_multiple=node_multiple,
-        worker_start=node_agent.WorkerStart(worker_start),
+        worker_start=WorkerStart(worker_start),
         etcd=EtcdFlags(
             endpoints=etcd.pop("etcd_endpoints") or (), sidecar=etcd.pop("etcd_sidecar"),
             **{k.removeprefix("etcd_"): v for k, v in etcd.items()},

@@ -105,6 +105,13 @@ class EntryKind(enum.Enum):
     EXECUTABLE = "executable"  # EXECUTABLE ARGS... (--no-python)
 
 
+class WorkerStart(enum.Enum):
+    """How the agent starts python workers (an executable always starts fresh)."""
+
+    WARM = "warm"  # forked from the agent's zygote, torch already imported
+    FRESH = "fresh"  # a new interpreter each, as torchrun does
+
+
 class GpuDirective(enum.Enum):
     """How GPUs are requested: some clusters accept only ``--gres=gpu:G``."""
 

@@ -36,7 +36,6 @@ class RecordingAgent(LocalElasticAgent):
     # The longest wait between two looks at the workers (torch's monitor interval is
     # set near zero: its plain sleep is replaced by the wait for an exit).
     monitor_wait_s: float = 0.1
-    _pidfds: dict[int, int]
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_exit(type(self).monitor_wait_s)
@@ -57,25 +56,10 @@ class RecordingAgent(LocalElasticAgent):
         if warm_wait is not None:
             warm_wait(timeout)
             return
+        watched = self.__dict__.setdefault("_pidfds", _Pidfds())
         pids = set(context.pids().values()) if context is not None else set()
-        fds = self.__dict__.setdefault("_pidfds", {})  # pid -> pidfd, or -1 once it exited
-        for pid in set(fds) - pids:
-            if fds[pid] >= 0:
-                os.close(fds[pid])
-            del fds[pid]
-        for pid in pids - set(fds):
-            try:
-                fds[pid] = os.pidfd_open(pid)
-            except OSError:  # gone already, or no pidfds here: the look below sees it
-                fds[pid] = -1
-        waiting = {fd: pid for pid, fd in fds.items() if fd >= 0}
-        if not waiting:
-            time.sleep(timeout)
-            return
-        ready, _, _ = select.select(list(waiting), [], [], timeout)
-        for fd in ready:  # exited: not waited for again
-            os.close(fd)
-            fds[waiting[fd]] = -1
+        watched.follow(context, pids)
+        watched.wait(timeout)
 
     def run(self, role: str = "default") -> RunResult:
         # A node that stood by until the job ended leaves the rendezvous gracefully,
@@ -99,3 +83,46 @@ def install(on_failure: Callable[[RunResult], None], monitor_wait_s: float = 0.1
     RecordingAgent.on_failure = on_failure
     RecordingAgent.monitor_wait_s = monitor_wait_s
     setattr(launcher_api, "LocalElasticAgent", RecordingAgent)  # noqa: B010
+
+
+class _Pidfds:
+    """A pidfd for each worker of the current process context, to wait on their exits."""
+
+    def __init__(self) -> None:
+        self._context: object = None
+        self._fds: dict[int, int] = {}  # pid -> pidfd, or -1 once it exited
+
+    def follow(self, context: object, pids: set[int]) -> None:
+        """Watch ``pids`` of ``context``; a new context (a restart) starts afresh, so a
+        pid used again by a new worker is watched again."""
+        if context is not self._context:
+            self.close()
+            self._context = context
+        for pid in set(self._fds) - pids:
+            self._close(pid)
+        for pid in pids - set(self._fds):
+            try:
+                self._fds[pid] = os.pidfd_open(pid)
+            except OSError:  # gone already, or no pidfds here: the look after sees it
+                self._fds[pid] = -1
+
+    def wait(self, timeout: float) -> None:
+        waiting = {fd: pid for pid, fd in self._fds.items() if fd >= 0}
+        if not waiting:
+            time.sleep(timeout)
+            return
+        poller = select.poll()  # not select.select: the agent's fds may pass 1024
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(timeout * 1000):
+            os.close(fd)  # exited: not waited for again
+            self._fds[waiting[fd]] = -1
+
+    def close(self) -> None:
+        for pid in list(self._fds):
+            self._close(pid)
+
+    def _close(self, pid: int) -> None:
+        fd = self._fds.pop(pid)
+        if fd >= 0:
+            os.close(fd)

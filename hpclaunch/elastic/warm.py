@@ -19,21 +19,20 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.multiprocessing import api as mp_api
-from torch.distributed.elastic.multiprocessing.api import PContext, RunProcsResult
+from torch.distributed.elastic.multiprocessing.api import (
+    PContext,
+    RunProcsResult,
+    SignalException,
+)
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from hpclaunch.elastic.zygote import (
-    WorkerStart,
-    Zygote,
-    ZygoteError,
-    kill_group,
-    parse_python_args,
-    signals_deferred,
-)  # fmt: skip
+from hpclaunch.elastic.forked_worker import ForkRequest, parse_python_args
+from hpclaunch.elastic.zygote import Zygote, ZygoteError, kill_group, signals_deferred
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class WarmContext(PContext):
         # shutdown it causes stops them all.
         with signals_deferred():
             for local_rank in range(self.nprocs):
-                start = WorkerStart(
+                start = ForkRequest(
                     python_args=tuple(str(a) for a in self.args[local_rank]),
                     env={**environ, **self.envs[local_rank]},
                     cwd=cwd,
@@ -118,14 +117,23 @@ class WarmContext(PContext):
         return dict(self._pids)
 
     def _alive(self) -> list[int]:
+        """The workers to stop. Once the zygote is gone its workers are dead (they die
+        with it), but what they started in their process group may not be: each group
+        with a process left counts, and is stopped as a worker would be."""
         codes = self._returncodes()
+        if self._zygote.gone:
+            return [pid for pid in self._pids.values() if _group_exists(pid)]
         return [pid for pid in self._pids.values() if pid not in codes]
 
     def _wait_gone(self, timeout: float) -> list[int]:
         end = time.monotonic() + timeout
         alive = self._alive()
         while alive and time.monotonic() < end:
-            self._zygote.wait(min(0.05, max(0.0, end - time.monotonic())))
+            wait = min(0.05, max(0.0, end - time.monotonic()))
+            if self._zygote.gone:  # no reports to wait for: look again shortly
+                time.sleep(min(wait, 0.01))
+            else:
+                self._zygote.wait(wait)
             alive = self._alive()
         return alive
 
@@ -145,11 +153,13 @@ class WarmContext(PContext):
         self._zygote.release(self._codes)
 
 
-def install(zygote: Zygote, fresh: Fresh) -> None:
+def install(zygote: Zygote, fresh: Fresh, grace_s: float) -> None:
     """Start the agent's workers from ``zygote`` where they are python scripts or modules.
 
     ``fresh`` turns a worker's command line into the (entrypoint, args) torch starts
-    instead, should the zygote be gone: it ends when killed, and its workers with it."""
+    instead, should the zygote be gone: it ends when killed, and its workers with it.
+    ``grace_s``: how long workers get between a stop signal and SIGKILL (torch's
+    shutdown timeout), for a stop that comes while they are being started."""
 
     def start_processes(
         name: str, entrypoint: Any, args: dict[int, tuple[Any, ...]],
@@ -176,6 +186,9 @@ def install(zygote: Zygote, fresh: Fresh) -> None:
         )  # fmt: skip
         try:
             context.start()
+        except SignalException as exc:  # torch's agent would stop them so: pass it on
+            context.close(exc.sigval, timeout=int(grace_s))
+            raise
         except ZygoteError as exc:
             context.close()
             log.warning("workers start fresh: %s", exc)
@@ -196,9 +209,33 @@ def _fresh(
     return entrypoints.pop(), {rank: tuple(a) for rank, (_, a) in started.items()}
 
 
+def _group_exists(pgid: int) -> bool:
+    """Whether a live process (not a zombie: orphans may never be reaped, where the
+    machine's init does not) is left in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def _is_python(entrypoint: Any, args: dict[int, tuple[Any, ...]]) -> bool:
     """Whether every worker is ``python [-u] SCRIPT|-m MODULE ...`` (the zygote's kind)."""
-    if not (isinstance(entrypoint, str) and os.path.samefile(entrypoint, sys.executable)):
+    if not isinstance(entrypoint, str):
+        return False
+    try:
+        if not os.path.samefile(entrypoint, sys.executable):
+            return False
+    except OSError:
         return False
     try:
         for worker_args in args.values():

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
-import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,12 +20,14 @@ pytestmark = pytest.mark.integration
 REPORT = """
 import json, logging, multiprocessing, os, random, signal, sys
 import sibling  # next to this script: its folder must be on sys.path
+import numpy
 import torch
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 logging.getLogger("report").info("logging set up by the script")
 handlers = {}
-for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGCHLD", "SIGHUP"):
+for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGCHLD", "SIGHUP",
+             "SIGWINCH"):
     h = signal.getsignal(getattr(signal, name))
     handlers[name] = getattr(h, "__name__", str(h))
 report = {
@@ -40,7 +41,10 @@ report = {
     "excepthook": sys.excepthook is sys.__excepthook__,
     "cuda_initialized": torch.cuda.is_initialized(),
     "stdout_tty": sys.stdout.isatty(),
-    "random": random.random(),
+    "random": random.random(), "numpy_random": numpy.random.random(),
+    # numpy's OpenBLAS: the agent loads it with one thread, a worker gets its own count.
+    "threads": len(os.listdir("/proc/self/task")),
+    "cmdline": open("/proc/self/cmdline").read().split(chr(0))[1:3],
     "dunders": sorted(k for k in dict(globals()) if k.startswith("__")),
     "file": __file__, "cached": __cached__,
     "spec": [getattr(__spec__, "name", None), getattr(__spec__, "origin", None)],
@@ -78,8 +82,15 @@ ENDINGS = {
 def run_agent(
     script: Path, start: str, job_dir: Path, *, env_extra: dict[str, str] | None = None,
     nproc: int = 2, max_restarts: int = 0, job_id: int | None = None, module: bool = False,
+    ignored: tuple[signal.Signals, ...] = (),
 ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """The agent on ``script``, or with ``module`` on ``-m`` and the script's stem."""
+    """The agent on ``script``, or with ``module`` on ``-m`` and the script's stem;
+    ``ignored``: signals the agent starts with ignored (as under nohup)."""
+
+    def ignore() -> None:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+
     env = base_env(
         SLURM_JOB_ID=str(job_id or random.randrange(1, 10**6)), SLURM_JOB_NODELIST="localhost",
         SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0", SLURM_STEP_ID="0", **(env_extra or {}),
@@ -89,6 +100,7 @@ def run_agent(
          str(nproc), "--max-restarts", str(max_restarts), "--job-dir", str(job_dir),
          *(["-m", script.stem] if module else [str(script)])],
         env=env, cwd=script.parent, capture_output=True, text=True, timeout=120,
+        preexec_fn=ignore if ignored else None,
     )  # fmt: skip
 
 
@@ -111,6 +123,8 @@ def test_a_warm_worker_sees_what_a_fresh_one_sees(tmp_path: Path, entry: str) ->
         done = run_agent(
             script, start, tmp_path / f"job-{start}", env_extra={"OUT": str(out)},
             job_id=job_id, module=entry == "module",
+            # torch handles SIGHUP (an exec then resets it), not SIGWINCH (ignored stays).
+            ignored=(signal.SIGHUP, signal.SIGWINCH),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         seen[start] = reports(out)
@@ -125,7 +139,8 @@ def test_a_warm_worker_sees_what_a_fresh_one_sees(tmp_path: Path, entry: str) ->
         assert {k: v for k, v in warm_env.items() if k not in VOLATILE} == {
             k: v for k, v in fresh_env.items() if k not in VOLATILE
         }
-        fresh.pop("random"), warm.pop("random")
+        for volatile in ("random", "numpy_random", "cmdline"):
+            fresh.pop(volatile), warm.pop(volatile)
         assert warm == fresh
         assert fresh["argv"][0] == str(script)  # python -m gives the module's path too
     assert seen["warm"][0]["name"] == "__main__"
@@ -135,6 +150,14 @@ def test_a_warm_worker_sees_what_a_fresh_one_sees(tmp_path: Path, entry: str) ->
     assert seen["warm"][0]["cuda_initialized"] is False
     # Each warm rank seeds its own random state, as each fresh interpreter does.
     assert seen["warm"][0]["random"] != seen["warm"][1]["random"]
+    assert seen["warm"][0]["numpy_random"] != seen["warm"][1]["numpy_random"]
+    # And the warm workers were forked (a fork shows the agent's command line), not
+    # started fresh after a failed fork.
+    script_args = ["-u", str(script)] if entry == "script" else ["-u", "-m"]
+    assert seen["fresh"][0]["cmdline"] == script_args
+    assert seen["warm"][0]["cmdline"] != script_args
+    assert seen["fresh"][0]["handlers"]["SIGHUP"] == "0"  # SIG_DFL: the case is real
+    assert seen["fresh"][0]["handlers"]["SIGWINCH"] == "1"  # SIG_IGN
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
@@ -182,7 +205,7 @@ def test_workers_start_fresh_once_the_zygote_is_gone(tmp_path: Path) -> None:
     # it, the agent counts that as a failed attempt and starts the next one fresh.
     script = tmp_path / "orphan.py"
     script.write_text(
-        "import os, signal, sys, time\n"
+        "import os, signal, subprocess, sys, time\n"
         "attempt = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
         "cmdline = open('/proc/self/cmdline').read().split(chr(0))\n"
         "print(attempt, cmdline[1:3] == ['-u', sys.argv[0]], flush=True)\n"
@@ -192,6 +215,14 @@ def test_workers_start_fresh_once_the_zygote_is_gone(tmp_path: Path) -> None:
         "    while not os.path.exists('started-0-1'):  # both ranks forked\n"
         "        time.sleep(0.01)\n"
         "    os.kill(os.getppid(), signal.SIGKILL)  # the zygote, a fork of the agent\n"
+        "if attempt == '0' and os.environ['RANK'] == '1':  # a child in its group\n"
+        "    child = subprocess.Popen(['sleep', '60'])\n"
+        "    open('child', 'w').write(str(child.pid))\n"
+        "if attempt == '1' and os.environ['RANK'] == '0':\n"
+        "    pid = open('child').read()\n"
+        "    alive = os.path.exists(f'/proc/{pid}')\n"
+        "    state = open(f'/proc/{pid}/stat').read().split()[2] if alive else 'gone'\n"
+        "    open('child-then', 'w').write(state)\n"
         "if attempt == '0':\n"
         "    time.sleep(60)\n"
     )
@@ -203,6 +234,9 @@ def test_workers_start_fresh_once_the_zygote_is_gone(tmp_path: Path) -> None:
     assert sorted(p.read_text() for p in outs) == ["0 False\n"] * 2 + ["1 True\n"] * 2
     record = json.loads(next((tmp_path / "job" / "failures").rglob("*.json")).read_text())
     assert sorted(w["exitcode"] for w in record["workers"]) == [-9, -9]
+    # What a dead worker had started in its process group was stopped before the next
+    # attempt began (a zombie, where init does not reap orphans, has ended too).
+    assert (tmp_path / "child-then").read_text() in ("gone", "Z")
 
 
 def test_omp_num_threads_reaches_a_warm_worker(tmp_path: Path) -> None:
@@ -226,15 +260,3 @@ def test_a_dataloader_in_a_warm_worker_forks_its_workers(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     [out] = (tmp_path / "job" / "logs").rglob("rank-0.out")
     assert out.read_text() == "[1, 5, 9, 13]\n"
-
-
-def test_the_rendezvous_state_cache_scales_with_the_job() -> None:
-    with warnings.catch_warnings():  # torch's import warns that numpy is missing
-        warnings.simplefilter("ignore")
-        from hpclaunch.elastic.ranked_c10d import scale_cache
-
-    small, large = SimpleNamespace(_cache_duration=1), SimpleNamespace(_cache_duration=1)
-    scale_cache(small, 2)
-    scale_cache(large, 400)
-    assert small._cache_duration == pytest.approx(0.05)  # a restart seen within ~0.1 s
-    assert large._cache_duration == 1  # torch's second, to spare a large job's store

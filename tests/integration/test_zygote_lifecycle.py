@@ -37,6 +37,23 @@ def test_a_worker_leads_its_group_before_its_pid_is_handed_out(tmp_path: Path) -
     assert seen["codes"] == [-int(signal.SIGKILL)] * 20
 
 
+def test_a_worker_takes_a_stop_signal_as_soon_as_its_pid_is_handed_out(tmp_path: Path) -> None:
+    # The zygote ignores the step's signals; a worker that still did would outlive its
+    # stop until SIGKILL, after the grace period.
+    seen = drive("stopped_at_once", tmp_path)
+    assert seen["ended"] is True
+    assert seen["codes"] == [-int(signal.SIGTERM)] * 20
+
+
+def test_a_missing_script_fails_as_python_does(tmp_path: Path) -> None:
+    seen = drive("missing_script", tmp_path)
+    assert seen["code"] == 2
+    assert seen["stderr"] == (
+        f"{sys.executable}: can't open file {seen['missing']!r}: "
+        "[Errno 2] No such file or directory\n"
+    )
+
+
 def test_an_ended_worker_keeps_its_pid_until_released(tmp_path: Path) -> None:
     seen = drive("kept_until_released", tmp_path)
     assert seen["code"] == 7

@@ -8,6 +8,7 @@ it saw as one line of JSON. Workers are plain scripts written into FOLDER.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,15 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.elastic.zygote import WorkerStart, Zygote, ZygoteError, kill_group
+from hpclaunch.elastic.forked_worker import ForkRequest
+from hpclaunch.elastic.zygote import Zygote, ZygoteError, kill_group
 
 SLEEPER = "import time\ntime.sleep(60)\n"
 
 
-def start(folder: Path, name: str, body: str) -> WorkerStart:
+def start(folder: Path, name: str, body: str) -> ForkRequest:
     script = folder / f"{name}.py"
     script.write_text(body)
-    return WorkerStart(
+    return ForkRequest(
         python_args=("-u", str(script)), env=dict(os.environ), cwd=str(folder),
         stdout=str(folder / f"{name}.out"), stderr=str(folder / f"{name}.err"),
     )  # fmt: skip
@@ -58,6 +60,30 @@ def group_at_once(zygote: Zygote, folder: Path) -> dict[str, Any]:
         kill_group(pid, signal.SIGKILL)
     ended = until(lambda: set(pids) <= set(zygote.returncodes()), zygote)
     return {"leaders": leaders, "ended": ended, "codes": [zygote.returncodes()[p] for p in pids]}
+
+
+def stopped_at_once(zygote: Zygote, folder: Path) -> dict[str, Any]:
+    """A SIGTERM sent as soon as spawn returns reaches a worker that takes it as python
+    would (the zygote ignores it; the worker must not any more)."""
+    pids = []
+    for i in range(20):
+        pids.append(zygote.spawn(start(folder, f"sleeper{i}", SLEEPER)))
+        kill_group(pids[-1], signal.SIGTERM)
+    ended = until(lambda: set(pids) <= set(zygote.returncodes()), zygote, timeout_s=10)
+    for pid in pids:  # whatever ignored it
+        kill_group(pid, signal.SIGKILL)
+    until(lambda: set(pids) <= set(zygote.returncodes()), zygote)
+    return {"ended": ended, "codes": [zygote.returncodes()[p] for p in pids]}
+
+
+def missing_script(zygote: Zygote, folder: Path) -> dict[str, Any]:
+    """A script that is not there: python's message and status 2."""
+    request = start(folder, "placeholder", "")
+    missing = str(folder / "missing.py")
+    pid = zygote.spawn(dataclasses.replace(request, python_args=("-u", missing)))
+    until(lambda: pid in zygote.returncodes(), zygote)
+    return {"code": zygote.returncodes().get(pid), "missing": missing,
+            "stderr": (folder / "placeholder.err").read_text()}  # fmt: skip
 
 
 def kept_until_released(zygote: Zygote, folder: Path) -> dict[str, Any]:
@@ -126,7 +152,13 @@ def finishing(zygote: Zygote, folder: Path) -> dict[str, Any]:
             "stderr": (folder / "finishing.err").read_text()}  # fmt: skip
 
 
-SCENARIOS = {f.__name__: f for f in (group_at_once, kept_until_released, zygote_killed, finishing)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        group_at_once, stopped_at_once, missing_script, kept_until_released, zygote_killed,
+        finishing,
+    )
+}  # fmt: skip
 
 
 def main() -> None:

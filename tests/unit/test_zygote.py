@@ -12,12 +12,8 @@ import threading
 import pytest
 
 from hpclaunch.agent import AgentOptions, WorkerStart, launched_as, starts_warm
-from hpclaunch.elastic.zygote import (
-    _dispositions,
-    _exit_status,
-    parse_python_args,
-    signals_deferred,
-)
+from hpclaunch.elastic.forked_worker import _exit_status, parse_python_args
+from hpclaunch.elastic.zygote import _dispositions, signals_deferred
 from hpclaunch.spec import EntryKind
 
 
