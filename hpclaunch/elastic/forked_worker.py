@@ -6,7 +6,9 @@ the interpreter state a fresh ``python`` has (see ``_reset_interpreter``); then 
 script or module runs as ``__main__`` and the process ends as python would end
 (``_run_main``). What cannot be made the same is listed in docs/agent.md.
 
-This module imports nothing of torch.
+This module imports nothing of torch. It uses two private parts of CPython that
+python itself uses the same way, tested here on 3.11: ``runpy._run_module_as_main``
+(what ``python -m`` runs) and ``threading._shutdown`` (the wait for non-daemon threads).
 """
 
 from __future__ import annotations

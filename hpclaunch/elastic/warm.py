@@ -8,7 +8,8 @@ gets a ``WarmContext`` (workers from the zygote), anything else torch's own cont
 ``WarmContext`` keeps the contract of torch's ``SubprocessContext``, which torchrun
 uses: one session per worker, the group killed with the death signal and SIGKILL after
 the timeout, success and failure by exit status alone, stdout/stderr into the files
-torch's log specs name.
+torch's log specs name. Written against torch 2.13 (``PContext``, ``start_processes``
+and its ``_validate_full_rank``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.agent.server import local_elastic_agent
@@ -33,6 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from hpclaunch.elastic.forked_worker import ForkRequest, parse_python_args
 from hpclaunch.elastic.zygote import Zygote, ZygoteError, kill_group, signals_deferred
+from hpclaunch.sandbox import procs
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +120,11 @@ class WarmContext(PContext):
     def _alive(self) -> list[int]:
         """The workers to stop. Once the zygote is gone its workers are dead (they die
         with it), but what they started in their process group may not be: each group
-        with a process left counts, and is stopped as a worker would be."""
+        with a live process left counts (not a zombie: where the machine's init does not
+        reap orphans, they stay), and is stopped as a worker would be."""
         codes = self._returncodes()
         if self._zygote.gone:
-            return [pid for pid in self._pids.values() if _group_exists(pid)]
+            return [pid for pid in self._pids.values() if procs.group_alive(pid)]
         return [pid for pid in self._pids.values() if pid not in codes]
 
     def _wait_gone(self, timeout: float) -> list[int]:
@@ -207,25 +209,6 @@ def _fresh(
     started = {rank: fresh((entrypoint, *map(str, a))) for rank, a in args.items()}
     entrypoints = {entry for entry, _ in started.values()}
     return entrypoints.pop(), {rank: tuple(a) for rank, (_, a) in started.items()}
-
-
-def _group_exists(pgid: int) -> bool:
-    """Whether a live process (not a zombie: orphans may never be reaped, where the
-    machine's init does not) is left in process group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 def _is_python(entrypoint: Any, args: dict[int, tuple[Any, ...]]) -> bool:

@@ -57,6 +57,22 @@ def parents() -> dict[int, int]:
     return out
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a live process (zombies count as dead) is in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and fields[0] != "Z" and fields[2] == str(pgid):
+                return True
+    return False
+
+
 def descendants(pid: int, table: dict[int, int] | None = None) -> list[int]:
     """Every live descendant of ``pid``, children before grandchildren."""
     table = parents() if table is None else table
