@@ -32,7 +32,7 @@ from pathlib import Path
 from hpclaunch.sandbox.cluster import Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
-from hpclaunch.slurm import parse_show_job
+from hpclaunch.slurm.commands import parse_show_job
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")

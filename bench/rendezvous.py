@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from hpclaunch.etcd.sidecar import Sidecar
+from hpclaunch.rendezvous.etcd.sidecar import Sidecar
 
 BACKENDS = ("c10d", "hpclaunch-c10d", "hpclaunch-etcd")
 LAST_JOIN_DELAY_S = 5.0
@@ -37,7 +37,7 @@ NODE = """
 import json, sys, time
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-from hpclaunch.elastic import etcd_rdzv, ranked_c10d
+from hpclaunch.rendezvous import etcd_rdzv, ranked_c10d
 ranked_c10d.register()
 etcd_rdzv.register()
 backend, endpoint, run_id, nodes, rank = sys.argv[1:6]

@@ -12,8 +12,8 @@ from hpclaunch.errors import (
     SpecError,
     TemplateError,
 )
-from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
-from hpclaunch.values import NodeRange
+from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.job.values import NodeRange
 
 __version__ = "0.1.0"
 

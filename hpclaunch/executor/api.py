@@ -24,13 +24,13 @@ from submitit.core import utils
 from submitit.local.local import LocalExecutor
 from submitit.slurm.slurm import SlurmExecutor
 
-from hpclaunch.config import load_profile
 from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.executor import params as parameters
 from hpclaunch.executor.jobs import AnyJob, Job, LocalJob, attach
 from hpclaunch.executor.local_settings import LocalSettings
-from hpclaunch.render import render
-from hpclaunch.spec import JobSpec
+from hpclaunch.job.profiles import load_profile
+from hpclaunch.job.render import render
+from hpclaunch.job.spec import JobSpec
 
 R = TypeVar("R")
 # submitit's local controller ends a job after its timeout: "no limit" is a year.
@@ -235,7 +235,7 @@ def _note_job(job_id: int, log_dir: Path, name: str) -> None:
     array's tasks get their own SLURM ids only when they start, so they are not)."""
     import time
 
-    from hpclaunch import registry
+    from hpclaunch.ops import registry
 
     entry = registry.Entry(job_id, str(log_dir / str(job_id)), name, time.time(),
                            None, str(Path.cwd()))  # fmt: skip

@@ -19,10 +19,11 @@ from submitit.local.local import LocalJob as _SubmititLocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher
 from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
 
-from hpclaunch import joblogs, jobstatus
 from hpclaunch.errors import SlurmError
 from hpclaunch.executor.files import info_path
-from hpclaunch.slurm import Slurm
+from hpclaunch.jobdir import joblogs
+from hpclaunch.ops import status as jobstatus
+from hpclaunch.slurm.commands import Slurm
 
 R = TypeVar("R")
 

@@ -24,10 +24,11 @@ import socket
 import sys
 from pathlib import Path
 
-from hpclaunch import checkpoint, failures
-from hpclaunch.context import NodeContext, derive_port
+from hpclaunch import checkpoint
 from hpclaunch.executor.local_settings import LocalSettings
-from hpclaunch.spec import EntryKind, Rendezvous
+from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.jobdir import failures
+from hpclaunch.slurm.env import NodeContext, derive_port
 
 LOOPBACK = "127.0.0.1"
 JOB_ID_VAR = "SUBMITIT_LOCAL_JOB_ID"
@@ -47,8 +48,8 @@ def _requeues(job_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hpclaunch import agent
     from hpclaunch.executor.params import WORKER_MODULE
+    from hpclaunch.node import agent
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpclaunch import checkpoint
-from hpclaunch.spec import JobSpec
+from hpclaunch.job.spec import JobSpec
 
 # submitit's local controller runs a task 6 times at most: 5 requeues.
 CONTROLLER_MAX_RUNS = 6

@@ -1,6 +1,6 @@
 """Python API parameters → ``JobSpec``. Pure: no I/O, no submitit.
 
-The parameters are the profile keys (``hpclaunch.config.PROFILE_KEYS``), so the
+The parameters are the profile keys (``hpclaunch.job.profiles.PROFILE_KEYS``), so the
 CLI, profiles and the Python API share one list and one set of converters.
 submitit's common names are accepted too (``timeout_min``, ``mem_gb``,
 ``tasks_per_node``, ``name``, ``slurm_*``), as are two that only the executor
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.config import PROFILE_KEYS, Entry, Profile, build_spec
 from hpclaunch.errors import SpecError
-from hpclaunch.spec import DEFAULT_SIGNAL_LEAD_S, EntryKind, JobSpec, Rendezvous
+from hpclaunch.job.profiles import PROFILE_KEYS, Entry, Profile, build_spec
+from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, EntryKind, JobSpec, Rendezvous
 
 # The module every worker rank runs: it loads the pickled call and runs it.
 WORKER_MODULE = "hpclaunch.executor.worker"

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.errors import HpclaunchError, SandboxError
+from hpclaunch.node.procs import Tracked
 from hpclaunch.sandbox import conf, daemons, net, state
 from hpclaunch.sandbox.conf import Layout, Mode, Placement, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
-from hpclaunch.sandbox.procs import Tracked
 from hpclaunch.sandbox.state import SandboxState, UpAction
-from hpclaunch.slurm import NodeState, Slurm
+from hpclaunch.slurm.commands import NodeState, Slurm
 
 log = logging.getLogger(__name__)
 
@@ -377,7 +377,7 @@ def _placement(state_dir: Path, spec: SandboxSpec, mode: Mode) -> Placement:
 
 def _free_port_block(count: int) -> int:
     """The first of ``count`` consecutive TCP ports that nothing listens on now; above
-    the ports jobs derive from their ids (hpclaunch.context), below the ephemeral range."""
+    the ports jobs derive from their ids (hpclaunch.slurm.env), below the ephemeral range."""
     for _ in range(200):
         base = random.randrange(25000, 30000 - count)
         try:

@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpclaunch.errors import SandboxError
-from hpclaunch.sandbox import net, procs
+from hpclaunch.node import procs
+from hpclaunch.node.procs import Tracked
+from hpclaunch.sandbox import net
 from hpclaunch.sandbox.conf import Layout, Mode, Node
-from hpclaunch.sandbox.procs import Tracked
-from hpclaunch.slurm import NodeState, Slurm
+from hpclaunch.slurm.commands import NodeState, Slurm
 
 START_TIMEOUT_S = 30.0
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpclaunch.node.procs import Tracked
 from hpclaunch.sandbox.conf import Mode, Partitions, Placement, SandboxSpec
-from hpclaunch.sandbox.procs import Tracked
 
 CONTROL_DAEMONS = ("munged", "slurmctld")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.etcd.access import Access
+from hpclaunch.rendezvous.etcd.access import Access
 
 USER = "trainer"
 PASSWORD = "s3cret pass'word"  # a space and a quote: never interpreted by a shell

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.context import parse_topology, topology_order
+from hpclaunch.slurm.env import parse_topology, topology_order
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
 

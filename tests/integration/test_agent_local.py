@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.sandbox import procs
+from hpclaunch.node import procs
 from tests.integration.helpers import VENV_BIN, base_env, wait_for
 
 pytestmark = pytest.mark.integration

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import EtcdError
-from hpclaunch.etcd.access import Access
-from hpclaunch.etcd.client import Etcd, LeaseKeeper
-from hpclaunch.etcd.sidecar import Sidecar, find, member_at
-from hpclaunch.sandbox import procs
+from hpclaunch.node import procs
+from hpclaunch.rendezvous.etcd.access import Access
+from hpclaunch.rendezvous.etcd.client import Etcd, LeaseKeeper
+from hpclaunch.rendezvous.etcd.sidecar import Sidecar, find, member_at
 from tests.integration.etcd_fixture import PASSWORD, USER, EtcdServer, etcd_server, free_port
 from tests.integration.helpers import VENV_BIN, base_env, wait_for
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.hostlist import expand
-from hpclaunch.sandbox import procs
+from hpclaunch.node import procs
+from hpclaunch.slurm.hostlist import expand
 from tests.integration.etcd_fixture import PASSWORD, USER, EtcdServer, etcd_server
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running

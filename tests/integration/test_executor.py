@@ -11,7 +11,7 @@ import pytest
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import hpclaunch
-from hpclaunch import registry
+from hpclaunch.ops import registry
 from tests.integration import executor_jobs
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
@@ -38,7 +38,7 @@ def executor(folder: Path, **params: object) -> hpclaunch.Executor:
 
 
 def scontrol(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    from hpclaunch.slurm import parse_show_job
+    from hpclaunch.slurm.commands import parse_show_job
 
     out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
                          check=True, env=env).stdout  # fmt: skip

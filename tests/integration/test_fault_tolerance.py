@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.hostlist import expand
-from hpclaunch.sandbox import procs
+from hpclaunch.node import procs
 from hpclaunch.sandbox.cluster import NodeAction
-from hpclaunch.slurm import parse_show_job
+from hpclaunch.slurm.commands import parse_show_job
+from hpclaunch.slurm.hostlist import expand
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
 

@@ -44,7 +44,7 @@ def test_wheel_renders_from_a_fresh_venv(tmp_path: Path) -> None:
     )
     (wheel,) = dist.glob("hpclaunch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "hpclaunch/templates/sbatch.sh.j2" in names
+    assert "hpclaunch/job/templates/sbatch.sh.j2" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "hpclaunch = hpclaunch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -80,11 +80,11 @@ def test_wheel_renders_from_a_fresh_venv(tmp_path: Path) -> None:
     work.mkdir()
     (work / "train.py").write_text("")
     where = run(
-        [str(python), "-c", "import hpclaunch.render as r; print(r.templates_dir())"],
+        [str(python), "-c", "import hpclaunch.job.render as r; print(r.templates_dir())"],
         cwd=work,
         env=base_env(),
     )
-    assert Path(where.stdout.strip()) == site / "hpclaunch" / "templates"
+    assert Path(where.stdout.strip()) == site / "hpclaunch" / "job" / "templates"
     rendered = run(
         [
             str(fresh / "bin" / "hpclaunch"),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 def test_the_rendezvous_state_cache_scales_with_the_job() -> None:
     with warnings.catch_warnings():  # torch's import warns that numpy is missing
         warnings.simplefilter("ignore")
-        from hpclaunch.elastic.ranked_c10d import scale_cache
+        from hpclaunch.rendezvous.ranked_c10d import scale_cache
 
     small, large = SimpleNamespace(_cache_duration=1), SimpleNamespace(_cache_duration=1)
     scale_cache(small, 2)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.node import procs
+from hpclaunch.node.procs import Tracked
 from hpclaunch.sandbox import daemons as daemons_mod
-from hpclaunch.sandbox import net, procs
+from hpclaunch.sandbox import net
 from hpclaunch.sandbox.cluster import NodeAction, Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
-from hpclaunch.sandbox.procs import Tracked
-from hpclaunch.slurm import NodeState
+from hpclaunch.slurm.commands import NodeState
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running, client_env, require_sandbox
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.elastic.forked_worker import ForkRequest
-from hpclaunch.elastic.zygote import Zygote, ZygoteError, kill_group
+from hpclaunch.node.warmstart.forked_worker import ForkRequest
+from hpclaunch.node.warmstart.zygote import Zygote, ZygoteError, kill_group
 
 SLEEPER = "import time\ntime.sleep(60)\n"
 

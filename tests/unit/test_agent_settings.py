@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.agent import (
+from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.job.values import NodeRange
+from hpclaunch.node.agent import (
     AgentOptions,
     guarded,
     job_folder,
@@ -15,10 +17,8 @@ from hpclaunch.agent import (
     worker_command,
     worker_env,
 )
-from hpclaunch.context import ContextError, NodeContext
-from hpclaunch.etcd.access import EtcdFlags
-from hpclaunch.spec import EntryKind, Rendezvous
-from hpclaunch.values import NodeRange
+from hpclaunch.rendezvous.etcd.access import EtcdFlags
+from hpclaunch.slurm.env import ContextError, NodeContext
 
 ENV = {
     "SLURM_JOB_ID": "77",
@@ -104,7 +104,7 @@ def test_worker_command_and_env() -> None:
     binary = worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE))
     assert binary == ("/bin/app", "a")
     entry, args = guarded(("/bin/app", "a"), 4321, None)
-    assert entry == sys.executable and args[0].endswith("hpclaunch/worker_guard.py")
+    assert entry == sys.executable and args[0].endswith("hpclaunch/node/worker_guard.py")
     assert args[1:] == ("4321", "/bin/app", "a")
     assert guarded(("/bin/app", "a"), 4321, "/usr/bin/setpriv") == (
         "/usr/bin/setpriv",

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hpclaunch.cli import CliContext, main
-from hpclaunch.slurm import CommandResult, FakeRunner, Slurm
+from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
 
 class Sbatch:

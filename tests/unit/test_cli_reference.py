@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from hpclaunch.cli import main
-from hpclaunch.clidoc import commands, reference, root_context, undocumented
+from hpclaunch.cli.reference import commands, reference, root_context, undocumented
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "cli-reference.md"
 
@@ -26,7 +26,7 @@ def test_every_option_has_help_text() -> None:
 def test_the_reference_matches_the_commands() -> None:
     assert REFERENCE.read_text() == reference(main), (
         "docs/cli-reference.md is out of date: run "
-        "`python -m hpclaunch.clidoc > docs/cli-reference.md` and commit it"
+        "`python -m hpclaunch.cli.reference > docs/cli-reference.md` and commit it"
     )
 
 

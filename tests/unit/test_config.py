@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.config import Entry, build_spec, load_profile
 from hpclaunch.errors import ConfigError, SpecError
-from hpclaunch.spec import GpuDirective, Rendezvous
-from hpclaunch.values import NodeRange
+from hpclaunch.job.profiles import Entry, build_spec, load_profile
+from hpclaunch.job.spec import GpuDirective, Rendezvous
+from hpclaunch.job.values import NodeRange
 
 ENTRY = Entry("train.py", ("--lr", "3e-4"))
 

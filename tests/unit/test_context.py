@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpclaunch.context import (
+from hpclaunch.slurm.env import (
     PORT_BASE,
     PORT_SPAN,
     ContextError,
@@ -14,7 +14,7 @@ from hpclaunch.context import (
     parse_topology,
     topology_order,
 )
-from hpclaunch.hostlist import HostlistError, compress, expand
+from hpclaunch.slurm.hostlist import HostlistError, compress, expand
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpclaunch.cli import CliContext, main
-from hpclaunch.slurm import FakeRunner, Slurm
+from hpclaunch.slurm.commands import FakeRunner, Slurm
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SHOWN_HOME = "/home/me"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.context import derive_port
 from hpclaunch.errors import EtcdError
-from hpclaunch.etcd.access import PASSWORD_VAR, Access, read_password
-from hpclaunch.etcd.sidecar import candidate_ports, member_name, server_argv
+from hpclaunch.rendezvous.etcd.access import PASSWORD_VAR, Access, read_password
+from hpclaunch.rendezvous.etcd.sidecar import candidate_ports, member_name, server_argv
+from hpclaunch.slurm.env import derive_port
 
 
 def test_access_checks_its_parts(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpclaunch.cli import CliContext, main
-from hpclaunch.slurm import FakeRunner, Slurm
+from hpclaunch.slurm.commands import FakeRunner, Slurm
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sbatch"
 GOLDEN = "job.sbatch"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.config import Profile
 from hpclaunch.errors import SpecError
 from hpclaunch.executor.files import finished_dir
 from hpclaunch.executor.local_settings import LocalSettings
@@ -18,9 +17,10 @@ from hpclaunch.executor.params import (
     job_spec,
     local_conflicts,
 )
-from hpclaunch.render import render
-from hpclaunch.spec import EntryKind, Rendezvous
-from hpclaunch.values import NodeRange
+from hpclaunch.job.profiles import Profile
+from hpclaunch.job.render import render
+from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.job.values import NodeRange
 
 FOLDER = Path("/shared/runs/sweep 1")
 

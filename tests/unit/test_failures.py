@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import failures
-from hpclaunch.failures import Finding, NodeRecord, Verdict, WorkerFailure, classify
-from hpclaunch.joblogs import Failure
-from hpclaunch.requeue import Action, Decision, Reason, Situation, decide
+from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.failures import Finding, NodeRecord, Verdict, WorkerFailure, classify
+from hpclaunch.jobdir.joblogs import Failure
+from hpclaunch.recovery.policy import Action, Decision, Reason, Situation, decide
 
 PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:3344."
 BAD = "rank 2: node n2 is bad"

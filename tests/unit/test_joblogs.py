@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.joblogs import (
+from hpclaunch.jobdir.joblogs import (
     Failure,
     attempt_dir,
     describe_exit,

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from hpclaunch import registry, requeue
 from hpclaunch.cli import CliContext, main
-from hpclaunch.follow import Tail, changes, watch
-from hpclaunch.joblogs import attempts, write_node_ranks
-from hpclaunch.jobstatus import Exclusion, JobStatus, exit_status, gather
-from hpclaunch.slurm import CommandResult, FakeRunner, Slurm
+from hpclaunch.jobdir.joblogs import attempts, write_node_ranks
+from hpclaunch.ops import registry
+from hpclaunch.ops.follow import Tail, changes, watch
+from hpclaunch.ops.status import Exclusion, JobStatus, exit_status, gather
+from hpclaunch.recovery import policy as requeue
+from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
 JOB = 812
 
@@ -150,7 +151,7 @@ def test_changes_are_told_once_each() -> None:
         "worker group restarted in place (attempt 2)",
         "checkpoint: step 10",
     ]
-    from hpclaunch.jobstatus import RunSummary
+    from hpclaunch.ops.status import RunSummary
 
     requeued = JobStatus(
         JOB, state="PENDING", requeues=1, max_requeues=3, checkpoint_step=10,
@@ -293,7 +294,7 @@ def test_list_shows_the_latest_jobs_with_their_state(tmp_path: Path, env: dict[s
 
 
 def test_a_lost_node_is_kept_out_after_slurms_requeue() -> None:
-    from hpclaunch.supervise import _keep_lost_out
+    from hpclaunch.recovery.supervisor import _keep_lost_out
 
     def sinfo(argv: tuple[str, ...]) -> CommandResult:
         return CommandResult(argv, 0, "n1 allocated\nn2 down*\nn3 mixed*\nn4 idle\nn5 drained\n")
@@ -335,7 +336,7 @@ def test_history_tells_the_state_only_once_slurm_forgot(
 
 
 def test_following_a_job_nobody_can_place_gives_up() -> None:
-    from hpclaunch.follow import LostTrack
+    from hpclaunch.ops.follow import LostTrack
 
     forgotten = JobStatus(JOB, slurm_forgot=True, notes=["scontrol: Invalid job id"])
     with pytest.raises(LostTrack, match=f"cannot tell whether job {JOB} is still running"):

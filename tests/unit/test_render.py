@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import TemplateError
-from hpclaunch.render import Shell, render, sbatch_quote, shell_quote, words
-from hpclaunch.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
-from hpclaunch.values import NodeRange
+from hpclaunch.job.render import Shell, render, sbatch_quote, shell_quote, words
+from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.job.values import NodeRange
 
 
 def sbatch_lines(script: str) -> list[str]:
@@ -259,7 +259,7 @@ def test_super_renders_the_parent_block_as_shell(tmp_path: Path) -> None:
 
 
 def test_unlimited_time_is_written() -> None:
-    from hpclaunch.values import parse_time
+    from hpclaunch.job.values import parse_time
 
     assert "--time=UNLIMITED" in sbatch_lines(
         render(JobSpec("t.py", time_limit=parse_time("UNLIMITED")))

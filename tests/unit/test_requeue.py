@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.requeue import (
+from hpclaunch.recovery.policy import (
     Action,
     Decision,
     History,
@@ -18,7 +18,7 @@ from hpclaunch.requeue import (
     decide,
     finish,
 )
-from hpclaunch.slurm import parse_show_job
+from hpclaunch.slurm.commands import parse_show_job
 
 S, D = Situation, Decision
 USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import SandboxError, SpecError
+from hpclaunch.node.procs import Tracked
 from hpclaunch.sandbox.cluster import Sandbox, check_prerequisites
 from hpclaunch.sandbox.conf import (
     Mode,
@@ -20,9 +21,8 @@ from hpclaunch.sandbox.conf import (
     slurm_conf,
     topology_conf,
 )
-from hpclaunch.sandbox.procs import Tracked
 from hpclaunch.sandbox.state import SandboxState, UpAction, decide_up, differences
-from hpclaunch.slurm import NodeState, parse_sinfo_nodes
+from hpclaunch.slurm.commands import NodeState, parse_sinfo_nodes
 
 STATE = Path("/var/tmp/sbx")
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from hpclaunch.errors import SpecError
-from hpclaunch.spec import EntryKind, JobSpec, Rendezvous
-from hpclaunch.values import (
+from hpclaunch.job.spec import EntryKind, JobSpec, Rendezvous
+from hpclaunch.job.values import (
     UNLIMITED,
     NodeRange,
     format_time,

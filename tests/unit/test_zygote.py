@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from hpclaunch.agent import AgentOptions, WorkerStart, launched_as, starts_warm
-from hpclaunch.elastic.forked_worker import _exit_status, parse_python_args
-from hpclaunch.elastic.zygote import _dispositions, signals_deferred
-from hpclaunch.spec import EntryKind
+from hpclaunch.job.spec import EntryKind
+from hpclaunch.node.agent import AgentOptions, WorkerStart, launched_as, starts_warm
+from hpclaunch.node.warmstart.forked_worker import _exit_status, parse_python_args
+from hpclaunch.node.warmstart.zygote import _dispositions, signals_deferred
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,418 @@
+"""``JobSpec``: the one typed, frozen, validated description of a job.
+
+Everything that describes a job (CLI flags, profiles, the Python API) ends up
+here. The parsers turn the strings users type (``2:4``, ``04:00:00``, ``64G``)
+into typed values; ``JobSpec.__post_init__`` checks every invariant, including
+those between fields. No I/O happens in this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import PurePath
+
+from hpclaunch.errors import SpecError
+from hpclaunch.job.values import NodeRange, format_time, parse_mem
+from hpclaunch.rendezvous.etcd.access import EtcdFlags
+
+DEFAULT_LOG_DIR = "hpclaunch-logs"
+DEFAULT_SIGNAL_LEAD_S = 120
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_MAX_REQUEUES = 3
+# After the agent passes a signal on, how long the workers get to exit before SIGKILL.
+DEFAULT_GRACE_PERIOD_S = 30
+# How long the supervisor gives the step after a signal, unless the script sets it.
+DEFAULT_SUPERVISOR_GRACE_S = 90.0
+# Requeues without bad nodes a job gets (preemptions and time limits do not count).
+DEFAULT_MAX_FAILURE_REQUEUES = 2
+ONE_NODE = NodeRange(1, 1)
+# SLURM stores the --signal lead time in 16 bits.
+MAX_SIGNAL_LEAD_S = 0xFFFF
+
+# sbatch options that JobSpec fields own; setting them through --sbatch-option
+# would silently contradict the rendered directives.
+MANAGED_SBATCH_OPTIONS: Mapping[str, str] = {
+    "nodes": "--nodes",
+    "N": "--nodes",
+    "ntasks-per-node": "(fixed: one agent per node)",
+    "ntasks": "(fixed: one agent per node)",
+    "n": "(fixed: one agent per node)",
+    "gpus-per-node": "--gpus-per-node",
+    "gres": "--gpus-per-node (and gpu_directive = 'gres' in a profile)",
+    "time": "--time",
+    "t": "--time",
+    "partition": "--partition",
+    "p": "--partition",
+    "account": "--account",
+    "A": "--account",
+    "qos": "--qos",
+    "q": "--qos",
+    "constraint": "--constraint",
+    "C": "--constraint",
+    "exclude": "--exclude",
+    "x": "--exclude",
+    "mem": "--mem",
+    "cpus-per-task": "--cpus-per-task",
+    "c": "--cpus-per-task",
+    "job-name": "--job-name",
+    "J": "--job-name",
+    "output": "--log-dir",
+    "o": "--log-dir",
+    "error": "--log-dir",
+    "e": "--log-dir",
+    "open-mode": "(fixed: append, so a requeued job keeps one log)",
+    "requeue": "(fixed: always requeueable)",
+    "no-requeue": "--max-requeues 0",
+    "signal": "--signal-lead",
+    "chdir": "a --setup line with cd (the job starts in the submit folder)",
+    "D": "a --setup line with cd (the job starts in the submit folder)",
+}
+
+# srun options the rendered step sets itself (one agent task per node).
+MANAGED_SRUN_OPTIONS = frozenset(
+    {"nodes", "N", "ntasks", "n", "ntasks-per-node", "kill-on-bad-exit", "K", "cpus-per-task", "c"}
+)
+
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
+# JobSpec fields that only --rdzv etcd uses, and how profiles and messages spell them.
+_ETCD_KEYS = (
+    "etcd_endpoints", "etcd_sidecar", "etcd_binary", "etcd_cacert", "etcd_cert", "etcd_key",
+    "etcd_user", "etcd_password_file",
+)  # fmt: skip
+_PROFILE_KEY = {"etcd_endpoints": "etcd_endpoint"}
+_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
+
+
+class Rendezvous(enum.Enum):
+    """How the per-node agents find each other."""
+
+    STATIC = "static"
+    C10D = "c10d"
+    ETCD = "etcd"
+
+
+class EntryKind(enum.Enum):
+    """What the training command is."""
+
+    SCRIPT = "script"  # python SCRIPT ARGS...
+    MODULE = "module"  # python -m MODULE ARGS...
+    EXECUTABLE = "executable"  # EXECUTABLE ARGS... (--no-python)
+
+
+class WorkerStart(enum.Enum):
+    """How the agent starts python workers (an executable always starts fresh)."""
+
+    WARM = "warm"  # forked from the agent's zygote, torch already imported
+    FRESH = "fresh"  # a new interpreter each, as torchrun does
+
+
+class GpuDirective(enum.Enum):
+    """How GPUs are requested: some clusters accept only ``--gres=gpu:G``."""
+
+    GPUS_PER_NODE = "gpus-per-node"
+    GRES = "gres"
+
+
+def _check_text(name: str, value: str, *, one_line: bool) -> None:
+    """Reject NUL always, and line breaks and other control characters where the
+    value goes into an ``#SBATCH`` line, which sbatch ends at the first newline."""
+    if "\0" in value:
+        raise SpecError(name, f"{value!r} contains a NUL byte, which no process can receive")
+    if one_line and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise SpecError(
+            name,
+            f"{value!r} contains a line break or control character; it goes into an "
+            "#SBATCH line, which must stay on one line: remove it",
+        )
+
+
+def _check_count(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(name, f"{value!r} is not a whole number")
+    if value < minimum:
+        raise SpecError(name, f"{value} is below the minimum of {minimum}; give {minimum} or more")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A complete, validated description of one hpclaunch job.
+
+    Construct it directly (the Python API), or through ``hpclaunch.job.profiles``
+    (CLI flags and profiles). Raises SpecError on any invalid value.
+    """
+
+    entrypoint: str
+    args: tuple[str, ...] = ()
+    entry_kind: EntryKind = EntryKind.SCRIPT
+    nodes: NodeRange = ONE_NODE
+    gpus_per_node: int = 0
+    nproc_per_node: int | None = None
+    time_limit: timedelta | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    mem: str | None = None
+    cpus_per_task: int | None = None
+    job_name: str | None = None
+    log_dir: str = DEFAULT_LOG_DIR
+    checkpoint_dir: str | None = None
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    rdzv: Rendezvous = Rendezvous.C10D
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_sidecar: bool = False
+    etcd_binary: str | None = None
+    etcd_cacert: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_file: str | None = None
+    no_kill: bool = False
+    node_multiple: int = 1
+    template: str | None = None
+    gpu_directive: GpuDirective = GpuDirective.GPUS_PER_NODE
+    sbatch_options: tuple[tuple[str, str | None], ...] = ()
+    srun_options: tuple[tuple[str, str | None], ...] = ()
+    setup: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    launcher: tuple[str, ...] = ("hpclaunch",)
+
+    @property
+    def etcd_flags(self) -> EtcdFlags:
+        """The etcd options as the agent takes them."""
+        return EtcdFlags(
+            endpoints=self.etcd_endpoints, sidecar=self.etcd_sidecar, binary=self.etcd_binary,
+            cacert=self.etcd_cacert, cert=self.etcd_cert, key=self.etcd_key,
+            user=self.etcd_user, password_file=self.etcd_password_file,
+        )  # fmt: skip
+
+    @property
+    def agent_grace_s(self) -> int:
+        """How long each agent gives its workers after passing a signal on: three
+        quarters of the signal lead, so that a checkpoint written after the time-limit
+        warning is done before SLURM's limit."""
+        return max(1, self.signal_lead_s * 3 // 4)
+
+    def __post_init__(self) -> None:
+        for name in ("args", "setup", "launcher", "etcd_endpoints", "env"):
+            if not isinstance(getattr(self, name), tuple):
+                raise SpecError(
+                    name, f"{getattr(self, name)!r} is not a tuple; give a tuple of strings"
+                )
+        self._check_entrypoint()
+        _check_count("gpus_per_node", self.gpus_per_node, 0)
+        if self.nproc_per_node is not None:
+            _check_count("nproc_per_node", self.nproc_per_node, 1)
+        if self.cpus_per_task is not None:
+            _check_count("cpus_per_task", self.cpus_per_task, 1)
+        _check_count("max_restarts", self.max_restarts, 0)
+        _check_count("max_requeues", self.max_requeues, 0)
+        _check_count("signal_lead", self.signal_lead_s, 1)
+        if self.signal_lead_s > MAX_SIGNAL_LEAD_S:
+            raise SpecError(
+                "signal_lead",
+                f"{self.signal_lead_s} s exceeds SLURM's maximum of {MAX_SIGNAL_LEAD_S} s",
+            )
+        if self.time_limit is not None and self.signal_lead_s >= self.time_limit.total_seconds():
+            raise SpecError(
+                "signal_lead",
+                f"the warning {self.signal_lead_s} s before the end is not inside the time "
+                f"limit {format_time(self.time_limit)}; lower --signal-lead or raise --time",
+                also=("time",),
+            )
+        for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_text(name, value, one_line=True)
+                if not value.strip():
+                    raise SpecError(name, f"{value!r} is empty; leave it out or give a value")
+        if self.job_name is not None and "/" in self.job_name:
+            raise SpecError(
+                "job_name",
+                f"{self.job_name!r} contains '/'; SLURM puts the job name into the log file "
+                "name (%x), which would then point into a folder that does not exist: "
+                "use another character such as '-'",
+            )
+        if self.mem is not None:
+            parse_mem(self.mem)
+        _check_text("log_dir", self.log_dir, one_line=True)
+        if not self.log_dir:
+            raise SpecError("log_dir", "the log folder is empty; give a path")
+        if "\\" in self.log_dir:
+            raise SpecError(
+                "log_dir",
+                f"{self.log_dir!r} contains a backslash, which makes SLURM ignore the %x and "
+                "%j patterns of the log file name; choose a folder without one",
+            )
+        if self.checkpoint_dir is not None:
+            _check_text("checkpoint_dir", self.checkpoint_dir, one_line=False)
+        for arg in self.args:
+            _check_text("args", arg, one_line=False)
+        for line in self.setup:
+            _check_text("setup", line, one_line=False)
+        for word in self.launcher:
+            _check_text("launcher", word, one_line=False)
+        if not self.launcher:
+            raise SpecError("launcher", "the launcher command is empty; the default is hpclaunch")
+        self._check_env()
+        self._check_options("sbatch_options", self.sbatch_options, sbatch=True)
+        self._check_options("srun_options", self.srun_options, sbatch=False)
+        self._check_rendezvous()
+
+    def _check_entrypoint(self) -> None:
+        if not self.entrypoint:
+            raise SpecError(
+                "script", "no training script given; name a script, -m MODULE, or an executable"
+            )
+        _check_text("script", self.entrypoint, one_line=False)
+        if self.entry_kind is EntryKind.MODULE and not all(
+            part.isidentifier() for part in self.entrypoint.split(".")
+        ):
+            raise SpecError(
+                "module", f"{self.entrypoint!r} is not a Python module name like pkg.train"
+            )
+
+    def _check_env(self) -> None:
+        for key, value in self.env:
+            if key.startswith("HPCLAUNCH_"):
+                raise SpecError(
+                    "env",
+                    f"{key!r} is set by hpclaunch itself; use its option instead "
+                    "(e.g. --checkpoint-dir for HPCLAUNCH_CHECKPOINT_DIR)",
+                )
+            if not _SHELL_NAME.match(key):
+                raise SpecError(
+                    "env",
+                    f"{key!r} is not a valid environment variable name; use letters, digits "
+                    "and underscores, not starting with a digit",
+                )
+            _check_text("env", value, one_line=False)
+
+    @staticmethod
+    def _check_options(
+        name: str, options: tuple[tuple[str, str | None], ...], *, sbatch: bool
+    ) -> None:
+        for key, value in options:
+            if not _OPTION_NAME.match(key):
+                raise SpecError(
+                    name,
+                    f"{key!r} is not an option name; write it without leading dashes, "
+                    "e.g. exclusive or mail-type=END",
+                )
+            if sbatch and key in MANAGED_SBATCH_OPTIONS:
+                raise SpecError(
+                    name,
+                    f"{key!r} is set by hpclaunch itself; "
+                    f"use {MANAGED_SBATCH_OPTIONS[key]} instead",
+                )
+            if not sbatch and key in MANAGED_SRUN_OPTIONS:
+                raise SpecError(
+                    name,
+                    f"{key!r} is set on the agent's srun step by hpclaunch itself "
+                    "(one agent per node; --cpus-per-task for CPUs); leave it out",
+                )
+            if value is not None:
+                _check_text(name, value, one_line=sbatch)
+
+    def _check_rendezvous(self) -> None:
+        if self.rdzv is Rendezvous.STATIC and self.nodes.is_elastic:
+            raise SpecError(
+                "rdzv",
+                f"static rendezvous needs a fixed node count, but --nodes is {self.nodes}; "
+                "use --rdzv c10d or etcd for a range",
+                also=("nodes",),
+            )
+        if self.rdzv is Rendezvous.ETCD:
+            if not self.etcd_endpoints and not self.etcd_sidecar:
+                raise SpecError(
+                    "rdzv", "--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar"
+                )
+            if self.etcd_endpoints and self.etcd_sidecar:
+                raise SpecError(
+                    "etcd_sidecar",
+                    "--etcd-endpoint and --etcd-sidecar exclude each other; give one",
+                    also=("etcd_endpoint",),
+                )
+            if (self.etcd_cert is None) != (self.etcd_key is None):
+                raise SpecError(
+                    "etcd_cert" if self.etcd_cert is not None else "etcd_key",
+                    "a client certificate needs both --etcd-cert and --etcd-key",
+                )
+            if self.etcd_password_file is not None and self.etcd_user is None:
+                raise SpecError(
+                    "etcd_password_file", "a password file needs --etcd-user NAME as well"
+                )
+            if self.etcd_sidecar and (self.etcd_cacert or self.etcd_cert or self.etcd_user):
+                raise SpecError(
+                    "etcd_sidecar",
+                    "the sidecar serves plain HTTP to the job's nodes only; TLS and user "
+                    "settings are for an etcd of your own (--etcd-endpoint)",
+                )
+        elif given := [k for k in _ETCD_KEYS if getattr(self, k) not in (None, False, ())]:
+            raise SpecError(
+                "rdzv",
+                f"etcd settings are given but --rdzv is {self.rdzv.value}; add --rdzv etcd",
+                also=tuple(_PROFILE_KEY.get(k, k) for k in given),
+            )
+        _check_count("node_multiple", self.node_multiple, 1)
+        if self.node_multiple > 1:
+            if self.rdzv is Rendezvous.STATIC:
+                raise SpecError(
+                    "node_multiple",
+                    "--node-multiple needs the rounds of --rdzv c10d or etcd, not static",
+                    also=("rdzv",),
+                )
+            if self.nodes.multiples(self.node_multiple) is None:
+                raise SpecError(
+                    "node_multiple",
+                    f"no node count in --nodes {self.nodes} is a multiple of "
+                    f"{self.node_multiple}; widen the range or change --node-multiple",
+                    also=("nodes",),
+                )
+        if self.no_kill and not self.nodes.is_elastic:
+            raise SpecError(
+                "no_kill",
+                f"--no-kill keeps the job going on fewer nodes, but --nodes is {self.nodes}; "
+                "give a range MIN:MAX",
+                also=("nodes",),
+            )
+        for endpoint in self.etcd_endpoints:
+            match = _ENDPOINT.fullmatch(endpoint)
+            if not match or not 0 < int(match.group(2)) < 65536:
+                raise SpecError(
+                    "etcd_endpoint",
+                    f"{endpoint!r} is not host:port with a port from 1 to 65535, e.g. etcd1:2379",
+                )
+
+    @property
+    def effective_nproc_per_node(self) -> int:
+        """Workers per node: as given, else one per GPU, else 1."""
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return self.gpus_per_node or 1
+
+    @property
+    def effective_job_name(self) -> str:
+        """The job name as given, else derived from the training command."""
+        if self.job_name is not None:
+            return self.job_name
+        if self.entry_kind is EntryKind.MODULE:
+            return self.entrypoint
+        name = PurePath(self.entrypoint).name
+        if self.entry_kind is EntryKind.SCRIPT and name.endswith(".py"):
+            name = name[: -len(".py")]
+        # The default lands in an #SBATCH line: keep it to one line.
+        return re.sub(r"[\x00-\x1f\x7f]", "_", name) or "hpclaunch"
+
+    def replace(self, **changes: object) -> JobSpec:
+        """A copy with ``changes`` applied and validated again."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

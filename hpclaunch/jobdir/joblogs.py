@@ -1,0 +1,229 @@
+"""Where a job's per-rank logs live, and the root-cause block of a failed node. Pure:
+no torch, no SLURM calls, so the login-node commands can read what the agents wrote.
+
+Layout, under the job folder (``HPCLAUNCH_JOB_DIR``, ``LOG_DIR/JOBID`` by default)::
+
+    logs/requeue-Q/step-S/attempt-A/rank-R.out    the rank's stdout
+    logs/requeue-Q/step-S/attempt-A/rank-R.err    its stderr
+    logs/requeue-Q/step-S/attempt-A/rank-R.json   torch's error file (scripts using @record)
+    logs/requeue-Q/step-S/attempt-A/node-NAME.ranks   the global ranks node NAME ran (JSON)
+
+Q is SLURM's requeue count, S the job step, A the worker group's attempt (the
+rendezvous round, the same on every node), R the global rank. No run overwrites
+another's files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hpclaunch.job.spec import DEFAULT_LOG_DIR
+
+JOB_DIR_VAR = "HPCLAUNCH_JOB_DIR"
+ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
+TRACEBACK_START = "Traceback (most recent call last):"
+MAX_TRACEBACK_LINES = 60
+TAIL_LINES = 20
+# torch.distributed prefixes a worker's uncaught traceback with its rank.
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+
+
+def job_dir(env: Mapping[str, str], job_id: int) -> Path:
+    """The job folder: ``HPCLAUNCH_JOB_DIR`` (set by the rendered script), else the
+    folder ``hpclaunch sbatch`` uses by default, relative to the working directory."""
+    given = env.get(JOB_DIR_VAR, "").strip()
+    return Path(given) if given else Path(DEFAULT_LOG_DIR, str(job_id))
+
+
+def attempt_dir(job: Path, requeue: int, step: str, attempt: int) -> Path:
+    return job / "logs" / f"requeue-{requeue}" / f"step-{step}" / f"attempt-{attempt}"
+
+
+def rank_file(folder: Path, rank: int, kind: str) -> Path:
+    """``kind``: ``out``, ``err`` or ``json`` (the error file)."""
+    return folder / f"rank-{rank}.{kind}"
+
+
+def write_node_ranks(folder: Path, node: str, ranks: Sequence[int]) -> None:
+    (folder / f"node-{node}.ranks").write_text(json.dumps(list(ranks)) + "\n")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's log folder: the ``requeue`` count, the job ``step`` (SLURM's step
+    id, or ``batch``) and the ``attempt`` (the rendezvous round)."""
+
+    requeue: int
+    step: str
+    attempt: int
+    folder: Path
+
+    @property
+    def label(self) -> str:
+        return f"requeue {self.requeue}, step {self.step}, attempt {self.attempt}"
+
+    def node_ranks(self) -> dict[str, list[int]]:
+        """Node name -> the global ranks it ran in this attempt (from the agents' notes)."""
+        found: dict[str, list[int]] = {}
+        for path in self.folder.glob("node-*.ranks"):
+            try:
+                ranks = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(ranks, list):
+                found[path.name[len("node-") : -len(".ranks")]] = [int(r) for r in ranks]
+        return found
+
+
+def attempts(job: Path) -> list[Attempt]:
+    """Every attempt's log folder in the job folder, oldest first."""
+    found = []
+    for folder in job.glob("logs/requeue-*/step-*/attempt-*"):
+        requeue, attempt = _suffix(folder.parents[1].name), _suffix(folder.name)
+        step = folder.parent.name.removeprefix("step-")
+        if requeue is not None and attempt is not None and folder.is_dir():
+            found.append(Attempt(requeue, step, attempt, folder))
+    return sorted(found, key=lambda a: (a.requeue, _step_order(a.step), a.attempt))
+
+
+def _step_order(step: str) -> tuple[int, int]:
+    """Job steps in the order they ran: the batch step ("batch") before srun's 0, 1, ..."""
+    return (1, int(step)) if step.isdigit() else (0, 0)
+
+
+def _suffix(name: str) -> int | None:
+    """``attempt-3`` -> 3; None for a name of another form."""
+    _, _, number = name.rpartition("-")
+    return int(number) if number.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One worker that ended badly, as torch's agent reported it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int  # negative: killed by that signal
+    pid: int
+    timestamp: float  # seconds since the epoch
+    error_file: str = ""  # torch's error file, written by @record
+    stderr_file: str = ""  # the rank's stderr log, when there is one
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name} (exit code {exitcode})"
+    return f"exit code {exitcode}"
+
+
+def traceback_of(failure: Failure) -> tuple[str, str]:
+    """(traceback text, where it came from), or ("", "") when there is none.
+
+    torch's error file holds the exception of a script that uses @record; else the
+    last Python traceback in the rank's stderr log; else that log's last lines."""
+    recorded = _recorded_traceback(failure.error_file)
+    if recorded:
+        return recorded, failure.error_file
+    if not failure.stderr_file:
+        return "", ""
+    try:
+        lines = Path(failure.stderr_file).read_text(errors="replace").splitlines()
+    except OSError:
+        return "", ""
+    starts = [i for i, line in enumerate(lines) if _TORCH_PREFIX.sub("", line) == TRACEBACK_START]
+    chosen = lines[starts[-1] :] if starts else lines[-TAIL_LINES:]
+    if not chosen:
+        return "", ""
+    if len(chosen) > MAX_TRACEBACK_LINES:
+        chosen = ["...", *chosen[-MAX_TRACEBACK_LINES:]]
+    return "\n".join(chosen), failure.stderr_file
+
+
+def _recorded_traceback(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return ""
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        if isinstance(stack, str) and stack.strip():
+            return stack.rstrip()
+        text = message.get("message")
+        return text.rstrip() if isinstance(text, str) else ""
+    return message.rstrip() if isinstance(message, str) else ""
+
+
+def root_cause_block(
+    failures: Sequence[Failure], *, job_id: int, host: str, node_rank: int, command: Sequence[str]
+) -> str:
+    """The block a failed node prints: the first failing rank with its traceback,
+    then one line for each other worker that ended with it."""
+    if not failures:
+        raise ValueError("root_cause_block needs at least one failure")
+    ordered = sorted(failures, key=_blame_order)
+    first = ordered[0]
+    rule = "=" * 72
+    lines = [
+        rule,
+        f"hpclaunch: job {job_id} failed on node {node_rank} ({host})",
+        f"  command   : {' '.join(command)}",
+        f"  root cause: rank {first.rank} (local rank {first.local_rank}, pid {first.pid}), "
+        f"{describe_exit(first.exitcode)}, at {_when(first.timestamp)}",
+    ]
+    if first.stderr_file:
+        lines.append(f"  stderr    : {first.stderr_file}")
+    text, source = traceback_of(first)
+    if text:
+        lines.append(f"  traceback (from {source}):")
+        lines.extend("    " + line for line in text.splitlines())
+    else:
+        lines.append(
+            "  traceback : none recorded (decorate the entry function with torch's @record, "
+            "or see the rank's stderr)"
+        )
+    for other in ordered[1:]:
+        lines.append(
+            f"  then      : rank {other.rank} (local rank {other.local_rank}), "
+            f"{describe_exit(other.exitcode)}"
+        )
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _blame_order(failure: Failure) -> tuple[bool, float, int]:
+    """Workers that died of the SIGTERM the agent sends the others after the first
+    failure come last; then the one that ended first, then rank.
+
+    torch's times are whole seconds, and a rank that raises because its peer died
+    (gloo: "connection closed by peer") usually ends in the same second as that peer.
+    What a worker writes last before it exits is its stderr, so that file's change time
+    orders them: the peer's error can only come after the failure that caused it."""
+    return (failure.exitcode == -signal.SIGTERM, _ended_at(failure), failure.rank)
+
+
+def _ended_at(failure: Failure) -> float:
+    for path in (failure.stderr_file, failure.error_file):
+        if path:
+            try:
+                return Path(path).stat().st_mtime
+            except OSError:
+                continue
+    return failure.timestamp
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,67 @@
+"""Per-rank log files for torch's elastic agent, named by global rank (imports torch).
+
+torch's own ``DefaultLogsSpecs`` names files by *local* rank and by the agent's
+own restart count, under a random folder name, and deletes an attempt's folder
+when the same number comes round again. This one writes the layout of
+``hpclaunch.jobdir.joblogs`` (global ranks, the job-wide attempt) and never deletes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
+
+from hpclaunch.jobdir.joblogs import ATTEMPT_VAR, attempt_dir, rank_file, write_node_ranks
+
+
+class RankLogs(LogsSpecs):
+    """Each worker's stdout and stderr go to ``rank-R.out`` / ``rank-R.err``; with
+    ``tee`` the agent also copies them to its own output, each line prefixed."""
+
+    def __init__(
+        self, job_dir: Path, requeue: int, step: str, *, tee: bool, node: str | None = None
+    ) -> None:
+        super().__init__(str(job_dir), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+        self._node = node
+        self._job_dir = job_dir
+        self._requeue = requeue
+        self._step = step
+        self._copy = tee
+        self.folder: Path | None = None  # the latest attempt's folder
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._job_dir / "logs")
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        # The rendezvous handler sets the job-wide attempt in the agent's environment
+        # before torch starts the workers; static rendezvous has only the agent's count.
+        attempt = int(
+            os.environ.get(ATTEMPT_VAR)
+            or next(iter(envs.values()), {}).get("TORCHELASTIC_RESTART_COUNT", "0")
+        )
+        folder = attempt_dir(self._job_dir, self._requeue, self._step, attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        dest = LogsDest()
+        for local_rank, env in envs.items():
+            rank = int(env["RANK"])
+            out, err = rank_file(folder, rank, "out"), rank_file(folder, rank, "err")
+            error_file = rank_file(folder, rank, "json")
+            dest.stdouts[local_rank] = str(out)
+            dest.stderrs[local_rank] = str(err)
+            dest.error_files[local_rank] = str(error_file)
+            if self._copy:
+                dest.tee_stdouts[local_rank] = str(out)
+                dest.tee_stderrs[local_rank] = str(err)
+            env["TORCHELASTIC_ERROR_FILE"] = str(error_file)
+            env[ATTEMPT_VAR] = str(attempt)
+        if self._node is not None:  # which ranks this node ran, for `hpclaunch logs --node`
+            ranks = sorted(int(env["RANK"]) for env in envs.values())
+            write_node_ranks(folder, self._node, ranks)
+        return dest
+
+    def __repr__(self) -> str:
+        return f"RankLogs({self.root_log_dir!r}, tee={self._copy})"

@@ -1,0 +1,2 @@
+"""Warm worker start: a zygote forked once torch is imported, workers forked from
+it, and torch's process context for them (``warm`` imports torch)."""

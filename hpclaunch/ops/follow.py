@@ -1,0 +1,143 @@
+"""Following a job: what changed between two looks at it (pure), log files read as
+they grow, and the loop behind ``hpclaunch sbatch --follow`` and
+``hpclaunch logs --follow``. No torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpclaunch.errors import ExitCode, HpclaunchError
+from hpclaunch.ops.status import JobStatus
+from hpclaunch.slurm.hostlist import compress
+
+# How often a follower looks again (a person watching, not a synchronisation), and
+# after how many looks in a row without any state it gives up (SLURM unreachable).
+POLL_S = 2.0
+BLIND_LOOKS = 30
+
+
+def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
+    """One line per thing that changed, in the order a reader wants them."""
+    lines = []
+    old = before or JobStatus(after.job_id)
+    if after.requeues is not None and after.requeues > (old.requeues or 0):
+        ended = [run for run in after.runs if run.requeue < after.requeues and run.ended]
+        why = ended[-1].reason if ended else None
+        budget = f" of {after.max_requeues}" if after.max_requeues else ""
+        lines.append(f"requeued ({after.requeues}{budget})" + (f": {why}" if why else ""))
+    new_exclusions = [e for e in after.excluded if e not in old.excluded]
+    for exclusion in new_exclusions:
+        lines.append(f"node {exclusion.node} kept out: {exclusion.reason}")
+    state_changed = after.state != old.state or (after.nodes != old.nodes and after.nodes)
+    if state_changed and not after.ended:
+        lines.append(_state_line(after))
+    if after.attempts > old.attempts and after.attempts > 1 and after.requeues == old.requeues:
+        lines.append(f"worker group restarted in place (attempt {after.attempts})")
+    if after.checkpoint_step is not None and after.checkpoint_step != old.checkpoint_step:
+        lines.append(f"checkpoint: step {after.checkpoint_step}")
+    if state_changed and after.ended:
+        lines.append(_state_line(after))  # the end comes last
+    return lines
+
+
+def _state_line(status: JobStatus) -> str:
+    line = f"state {status.state or 'unknown'}"
+    if status.pending_reason:
+        line += f" ({status.pending_reason})"
+    if status.nodes and status.state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+        line += f" on {compress(status.nodes)}"
+    if status.ended and status.exit_code:
+        line += f", exit code {status.exit_code}"
+    return line
+
+
+class LostTrack(HpclaunchError):
+    """The follower cannot tell the job's state any more; the message says why."""
+
+    exit_code = ExitCode.SLURM
+
+
+def watch(
+    look: Callable[[], JobStatus],
+    emit: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    blind_looks: int = BLIND_LOOKS,
+) -> JobStatus:
+    """Look at the job until it has ended, emitting each change; returns the last look.
+    Raises LostTrack when SLURM has forgotten the job and its folder does not say how
+    it ended, or after ``blind_looks`` looks in a row without a state."""
+    before: JobStatus | None = None
+    blind = 0
+    while True:
+        now = look()
+        for line in changes(before, now):
+            emit(line)
+        if now.ended:
+            return now
+        blind = blind + 1 if now.state is None else 0
+        if now.state is None and (now.slurm_forgot or blind >= blind_looks):
+            why = "; ".join(now.notes) or "no state from SLURM or the job folder"
+            raise LostTrack(
+                f"cannot tell whether job {now.job_id} is still running: {why}. "
+                f"`hpclaunch logs {now.job_id}` shows what it wrote"
+            )
+        before = now
+        sleep(POLL_S)
+
+
+@dataclass
+class Tail:
+    """Files read as they grow: each ``read`` returns what was added since the last,
+    in the order the files are given, with a header before a file's first part when
+    there is more than one file."""
+
+    offsets: dict[Path, int] = field(default_factory=dict)
+    shown: Path | None = None  # the file the last part came from
+    headed: set[Path] = field(default_factory=set)  # the files whose header was printed
+
+    def read(self, files: Sequence[tuple[str, Path]], headers: bool) -> Iterator[str]:
+        for label, path in files:
+            start = self.offsets.get(path, 0)
+            try:
+                with path.open("rb") as handle:
+                    if start > os.fstat(handle.fileno()).st_size:
+                        start = 0  # the file was truncated: read it again
+                    handle.seek(start)
+                    data = handle.read()
+            except OSError:
+                continue
+            if not data:
+                continue
+            # A line still being written waits for its end, except at the very end.
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                continue
+            self.offsets[path] = start + cut
+            if headers and self.shown != path:
+                yield f"==> {label}: {path} <==\n"
+                self.shown = path
+                self.headed.add(path)
+            yield data[:cut].decode(errors="replace")
+
+    def rest(self, files: Sequence[tuple[str, Path]], headers: bool) -> Iterator[str]:
+        """What is left, a last line without its newline included; with ``headers``,
+        an empty file gets its header too (it exists, it is just empty)."""
+        yield from self.read(files, headers)
+        for label, path in files:
+            try:
+                with path.open("rb") as handle:
+                    handle.seek(self.offsets.get(path, 0))
+                    data = handle.read()
+            except OSError:
+                continue
+            if headers and path not in self.headed:
+                yield f"==> {label}: {path} <==\n"
+                self.headed.add(path)
+                self.shown = path
+            if data:
+                self.offsets[path] = self.offsets.get(path, 0) + len(data)
+                yield data.decode(errors="replace") + "\n"

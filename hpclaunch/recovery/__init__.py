@@ -1,0 +1,1 @@
+"""The batch step: the supervisor and its pure requeue policy."""

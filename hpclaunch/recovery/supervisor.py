@@ -1,0 +1,312 @@
+"""The batch-step supervisor: runs the ``srun`` step, passes SLURM's signals on, and
+requeues the job after a time-limit warning.
+
+SLURM sends the time-limit warning (``--signal=B:USR1@LEAD``) to the batch
+shell only, and preemption's SIGTERM to the batch shell and the tasks. The
+rendered script ``exec``s this supervisor, so it *is* the batch shell: it
+forwards each of these signals to the step (srun passes them to every task),
+waits for the step to end (the workers checkpoint and exit), and then acts as
+``hpclaunch.recovery.policy.decide`` says.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from hpclaunch.checkpoint import ENV_VAR as CHECKPOINT_DIR_VAR
+from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
+from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES, DEFAULT_SUPERVISOR_GRACE_S
+from hpclaunch.jobdir import failures
+from hpclaunch.recovery import policy as requeue
+from hpclaunch.slurm.commands import Slurm
+from hpclaunch.slurm.hostlist import HostlistError, expand
+
+log = logging.getLogger(__name__)
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+_POLL_S = 0.2
+# sinfo's states of a node that is gone (with "not responding", a trailing '*').
+LOST = frozenset({"down", "fail", "failing"})
+
+
+class StepNotFound(HpclaunchError):
+    """The step's command (srun) is not on PATH."""
+
+    exit_code = ExitCode.SLURM
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: death by signal N becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass(frozen=True)
+class StepResult:
+    status: int
+    signals: tuple[int, ...]  # the signals received (and forwarded), in order
+
+    @property
+    def first_signal(self) -> int | None:
+        return self.signals[0] if self.signals else None
+
+
+@dataclass
+class Forwarder:
+    """Records the signals the supervisor gets and passes them to the step, once it
+    runs. Installed first thing, so that a signal during start-up is not lost."""
+
+    child: subprocess.Popen[bytes] | None = None
+    received: list[int] = field(default_factory=list)
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        # Only bookkeeping and a kill(2) here: no I/O, no policy, inside a signal handler.
+        self.received.append(signum)
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
+        """Start forwarding to ``child``, passing on what arrived before it ran."""
+        self.child = child
+        for signum in self.received:
+            child.send_signal(signum)
+
+
+@contextmanager
+def forwarding() -> Iterator[Forwarder]:
+    forwarder = Forwarder()
+    previous = {sig: signal.signal(sig, forwarder.handle) for sig in FORWARDED_SIGNALS}
+    try:
+        yield forwarder
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_step(
+    argv: Sequence[str],
+    forwarder: Forwarder,
+    grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
+    on_signal: Callable[[int], None] | None = None,
+) -> StepResult:
+    """Run ``argv`` (the srun step) with ``forwarder`` passing signals to it. After the
+    first signal the step gets ``grace_s`` seconds to end; then srun is killed (SLURM
+    cleans up the tasks). ``on_signal(first signal)`` runs once, outside the signal
+    handler, while the step is still ending. Raises StepNotFound."""
+    try:
+        child = subprocess.Popen(list(argv), env={**os.environ, failures.SUPERVISED_VAR: "1"})
+    except FileNotFoundError:
+        raise StepNotFound(
+            f"{argv[0]!r} is not on PATH in the batch step; this must run inside a SLURM "
+            "job (the rendered script calls it)"
+        ) from None
+    forwarder.attach(child)
+    log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
+    returncode = _wait(child, forwarder.received, grace_s, on_signal)
+    log.info("supervisor: step ended with status %d", exit_status(returncode))
+    return StepResult(exit_status(returncode), tuple(forwarder.received))
+
+
+def _wait(
+    child: subprocess.Popen[bytes],
+    received: list[int],
+    grace_s: float,
+    on_signal: Callable[[int], None] | None,
+) -> int:
+    deadline: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=_POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if received and deadline is None:
+            deadline = time.monotonic() + grace_s
+            if on_signal is not None:
+                on_signal(received[0])
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("supervisor: step still running %.0f s after the signal; killing srun",
+                        grace_s)  # fmt: skip
+            child.kill()
+            return child.wait()
+
+
+def supervise(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    slurm: Slurm,
+    job_dir: Path | None,
+    max_requeues: int,
+    grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
+    max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES,
+) -> int:
+    """The batch step: run the step, then requeue, give up or end as the policy says.
+    Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
+    with forwarding() as forwarder:
+        job_id = int(env["SLURM_JOB_ID"])
+        requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
+        history = None
+        if job_dir is not None:
+            history = requeue.History.load(job_dir, job_id, max_requeues)
+            history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or history.checkpoint_dir
+        run = history.start(env, requeue_count) if history is not None else None
+
+        finding: failures.Finding | None = None
+
+        lost: list[tuple[str, ...]] = []  # the nodes kept out after SLURM's requeue, once
+
+        def record(status: int | None, first_signal: int | None, d: requeue.Decision) -> None:
+            if history is not None and run is not None and job_dir is not None:
+                error = finding.message if finding is not None and finding.message else None
+                if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
+                    error = f"node lost ({', '.join(d.exclude)} down or not responding)"
+                requeue.finish(run, status, first_signal, d, error)
+                history.save(job_dir)
+
+        def by_slurm() -> requeue.Decision:
+            if not lost:
+                before = history.excluded_nodes if history else []
+                lost.append(_keep_lost_out(slurm, job_id, _step_nodes(env), before))
+            return requeue.Decision(
+                requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, lost[0]
+            )
+
+        if requeue.over_budget(requeue_count, max_requeues):
+            decision = requeue.gave_up()
+            log.error(
+                "supervisor: the job was requeued %d times, more than --max-requeues %d; "
+                "giving up", requeue_count, max_requeues,
+            )  # fmt: skip
+            record(None, None, decision)
+            return decision.exit_status
+        if history is not None and job_dir is not None:
+            history.save(job_dir)
+
+        def early(first_signal: int) -> None:
+            # SLURM kills this process KillWait seconds after its SIGTERM, maybe before
+            # the step has ended: record a requeue by SLURM at once.
+            if first_signal in requeue.STOP_SIGNALS:
+                restarts = _slurm_restarts(slurm, job_id)
+                if restarts is not None and restarts > requeue_count:
+                    record(None, first_signal, by_slurm())
+
+        result = run_step(argv, forwarder, grace_s, early)
+        restarts = _slurm_restarts(slurm, job_id) if result.signals else None
+        if result.status != 0 and not result.signals and job_dir is not None:
+            records = failures.read(job_dir, requeue_count)
+            finding = failures.classify(records, _step_nodes(env))
+            _print_root_cause(job_dir, requeue_count, failures.culprit(records, finding))
+            log.info("supervisor: failure records: %s %s", finding.verdict.value,
+                     " ".join(finding.nodes))  # fmt: skip
+        decision = requeue.decide(
+            requeue.Situation(
+                result.status, result.first_signal, requeue_count, restarts, max_requeues,
+                finding, history.failure_requeues if history else 0, max_failure_requeues,
+                history.exclusion_errors if history else (),
+                job_dir is not None and (job_dir / requeue.CANCELLED_FILE).exists(),
+            )
+        )  # fmt: skip
+        if decision.action is requeue.Action.REQUEUE:
+            log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
+                     decision.reason.value, requeue_count + 1, max_requeues,
+                     f" without {','.join(decision.exclude)}" if decision.exclude else "",
+                     )  # fmt: skip
+            excluded = [*(history.excluded_nodes if history else []), *decision.exclude]
+            try:
+                _requeue(slurm, job_id, list(dict.fromkeys(excluded)))
+            except SlurmError as exc:
+                log.error("supervisor: scontrol requeue failed, so the job ends: %s", exc)
+                failed = requeue.Decision(
+                    requeue.Action.REQUEUE_FAILED, decision.reason, int(ExitCode.SLURM)
+                )
+                record(result.status, result.first_signal, failed)
+                return failed.exit_status
+        elif decision.action is requeue.Action.GIVE_UP:
+            log.error("supervisor: %s, but the job has been requeued %d times "
+                      "(--max-requeues %d); giving up", decision.reason.value, requeue_count,
+                      max_requeues)  # fmt: skip
+        elif decision.action is requeue.Action.SLURM_REQUEUES:
+            decision = by_slurm()
+            log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or "
+                     "a lost node); the next run resumes from the latest checkpoint")  # fmt: skip
+        else:
+            log.info("supervisor: job %s", decision.reason.value)
+        record(result.status, result.first_signal, decision)
+        return decision.exit_status
+
+
+def _requeue(slurm: Slurm, job_id: int, excluded: Sequence[str]) -> None:
+    """``scontrol requeue``, then keep ``excluded`` out of the next run. SLURM answers
+    a requeue with SIGTERM to every process of the job, these scontrol calls included:
+    they inherit an ignored SIGTERM and finish. (The exclusion can only be set once the
+    job is pending again.) Raises SlurmError."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        slurm.requeue(job_id)
+        if excluded:
+            slurm.exclude_nodes(job_id, excluded)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _keep_lost_out(
+    slurm: Slurm, job_id: int, step_nodes: Sequence[str], excluded: Sequence[str]
+) -> tuple[str, ...]:
+    """After SLURM requeued the job, keep the step's nodes that are down or not
+    responding (a lost node: SLURM's own reason for the requeue) out of the next run,
+    as bad nodes are. Returns the nodes kept out; none when SLURM cannot be asked."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SLURM's, for the requeue
+    try:
+        states = slurm.node_states()
+        down = tuple(
+            node for node in step_nodes
+            if node in states and (not states[node].responding or states[node].state in LOST)
+        )  # fmt: skip
+        if down:
+            slurm.exclude_nodes(job_id, list(dict.fromkeys([*excluded, *down])))
+            log.info("supervisor: keeping %s (lost) out of the next run", ",".join(down))
+        return down
+    except SlurmError as exc:
+        log.warning("supervisor: could not keep lost nodes out of the next run: %s", exc)
+        return ()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> None:
+    """One root-cause block for the job: the one ``node``'s agent left, else any
+    (srun may have stopped that node's agent before it gave up)."""
+    first = [failures.block_path(job_dir, requeue_count, node)] if node else []
+    others = sorted(failures.folder(job_dir, requeue_count).glob("root-cause-*.txt"))
+    for path in [*first, *others]:
+        try:
+            block = path.read_text()
+        except OSError:
+            continue
+        sys.stderr.write(block)
+        sys.stderr.flush()
+        return
+
+
+def _step_nodes(env: Mapping[str, str]) -> list[str]:
+    try:
+        return expand(env.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError:
+        return []
+
+
+def _slurm_restarts(slurm: Slurm, job_id: int) -> int | None:
+    try:
+        return int(slurm.job_fields(job_id).get("Restarts", ""))
+    except (SlurmError, ValueError) as exc:
+        log.warning("supervisor: could not read the job's Restarts from scontrol: %s", exc)
+        return None

@@ -1,0 +1,453 @@
+"""A small etcd v3 client for the rendezvous, over etcd's JSON gateway.
+
+Built on ``etcd3gw`` (the ``etcd`` extra): maintained, pure Python, no protobuf
+or gRPC, so it cannot clash with the protobuf a training script imports (the
+``etcd3`` package needs protobuf<4 or a global switch set before import). The
+gateway speaks the v3 API, so this works with v2 disabled (etcd ≥ 3.4) and
+on etcd 3.6, which has no v2 at all.
+
+What etcd3gw does not do, this module adds: token authentication that renews
+itself, compare-and-swap on a key's revision, watches that start after a
+revision (no missed change), and errors that name the endpoint and the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from typing import Any, NamedTuple
+
+from hpclaunch.errors import EtcdError
+from hpclaunch.rendezvous.etcd.access import PASSWORD_VAR, Access
+
+try:
+    import etcd3gw
+    import requests
+    from etcd3gw import exceptions as gw_errors
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise EtcdError(
+        f"etcd support needs the etcd extra ({exc.name} is not installed); "
+        "run: pip install 'hpclaunch[etcd]'"
+    ) from None
+
+log = logging.getLogger(__name__)
+
+# Connecting reads this key: every rendezvous key is under /hpclaunch/.
+PROBE_KEY = "/hpclaunch/probe"
+_HINTS = {
+    "user name is empty": "; etcd has authentication on: give --etcd-user and a password",
+    "permission denied": "; give the user read-write on the key prefix /hpclaunch/ "
+    "(etcdctl role grant-permission ROLE --prefix=true readwrite /hpclaunch/)",
+    "invalid auth token": "; log in again: check --etcd-user and the password",
+}
+
+
+class KeyValue(NamedTuple):
+    value: bytes
+    mod_revision: int
+
+
+class _AuthSession(requests.Session):
+    """A session that logs in with user and password and logs in again when etcd
+    says the token expired (etcd's simple tokens last 5 minutes by default)."""
+
+    def __init__(
+        self, endpoint: str, base_url: str, user: str, password: str, timeout_s: float
+    ) -> None:
+        super().__init__()
+        self._endpoint = endpoint
+        self._login = (base_url + "/v3/auth/authenticate", {"name": user, "password": password})
+        self._timeout_s = timeout_s
+        self._token: str | None = None
+        self._lock = threading.Lock()
+
+    def _authenticate(self) -> str:
+        url, body = self._login
+        resp = super().request("POST", url, json=body, timeout=self._timeout_s)
+        if resp.status_code != 200:
+            raise EtcdError(
+                f"etcd at {self._endpoint} refused user {body['name']!r}: "
+                f"{_message(resp.text)}; check --etcd-user and the password "
+                f"(--etcd-password-file or ${PASSWORD_VAR})"
+            )
+        token = resp.json().get("token")
+        if not isinstance(token, str):
+            raise EtcdError(
+                f"etcd at {self._endpoint} answered the login without a token: {resp.text!r}"
+            )
+        return token
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        for attempt in (1, 2):
+            with self._lock:
+                if self._token is None:
+                    self._token = self._authenticate()
+                token = self._token
+            headers = dict(kwargs.pop("headers", None) or {})
+            headers["Authorization"] = token
+            kwargs["headers"] = headers
+            resp = super().request(method, url, *args, **kwargs)  # type: ignore[arg-type]
+            if resp.status_code != 401 or attempt == 2:
+                return resp
+            with self._lock:
+                if self._token == token:
+                    self._token = None  # expired: log in again, once
+        raise AssertionError("unreachable")
+
+
+def _message(text: str) -> str:
+    """etcd's error message out of a gateway error body."""
+    try:
+        body = json.loads(text)
+        return str(body.get("message") or body.get("error") or text)
+    except ValueError:
+        return text.strip()[:200]
+
+
+def _b64(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return base64.b64encode(raw).decode()
+
+
+def _kv(kvs: list[dict[str, Any]] | None) -> KeyValue | None:
+    if not kvs:
+        return None
+    first = kvs[0]
+    return KeyValue(base64.b64decode(first.get("value", "")), int(first["mod_revision"]))
+
+
+class Etcd:
+    """A connection to the first of ``access.endpoints`` that answers.
+
+    Every method raises EtcdError naming the endpoint. Keys and values are bytes
+    or str; values come back as bytes.
+    """
+
+    def __init__(self, access: Access, endpoint: str, client: Any) -> None:
+        self.access = access
+        self.endpoint = endpoint
+        self._client = client
+
+    @classmethod
+    def connect(cls, access: Access) -> Etcd:
+        """Try each endpoint in turn; raise EtcdError listing why each failed."""
+        problems = []
+        for endpoint in access.endpoints:
+            etcd = cls(access, endpoint, _client_for(access, endpoint))
+            try:  # a read under the rendezvous prefix: checks user and permissions too
+                etcd.get(PROBE_KEY)
+            except EtcdError as exc:
+                problems.append(str(exc))
+                continue
+            return etcd
+        raise EtcdError("; ".join(problems))
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = self._client.post(self._client.get_url(path), json=body)
+        except EtcdError:
+            raise
+        except gw_errors.ConnectionFailedError as exc:
+            raise EtcdError(self._unreachable(exc.detail_text or str(exc))) from None
+        except gw_errors.ConnectionTimeoutError:
+            raise EtcdError(
+                f"etcd at {self.endpoint} did not answer within {self.access.timeout_s:g} s; "
+                "check that etcd runs there and that this node can reach it (--etcd-endpoint)"
+            ) from None
+        except gw_errors.Etcd3Exception as exc:
+            detail = _message(exc.detail_text or str(exc))
+            hint = next((h for k, h in _HINTS.items() if k in detail), "")
+            raise EtcdError(f"etcd at {self.endpoint} refused {path}: {detail}{hint}") from None
+        if not isinstance(result, dict):
+            raise EtcdError(f"etcd at {self.endpoint} answered {path} with {result!r}")
+        return result
+
+    def _unreachable(self, detail: str) -> str:
+        if "CERTIFICATE_VERIFY_FAILED" in detail or "SSL" in detail:
+            return (
+                f"etcd at {self.endpoint}: TLS failed ({_ssl_reason(detail)}); check "
+                "--etcd-cacert (the CA that signed the server's certificate), --etcd-cert "
+                "and --etcd-key"
+            )
+        reason = "connection refused" if "refused" in detail else "unreachable"
+        if "Connection aborted" in detail or "RemoteDisconnected" in detail:
+            reason = "connection closed by the server (does it want TLS? give --etcd-cacert)"
+        return (
+            f"etcd at {self.endpoint}: {reason}; check that etcd runs there and that "
+            "this node can reach it (--etcd-endpoint)"
+        )
+
+    # -- keys ---------------------------------------------------------------
+
+    def get(self, key: str | bytes) -> tuple[KeyValue | None, int]:
+        """The key's value and revision (None if absent), and the store's revision."""
+        out = self._post("/kv/range", {"key": _b64(key)})
+        return _kv(out.get("kvs")), int(out["header"]["revision"])
+
+    def get_many(self, keys: list[str]) -> list[KeyValue | None]:
+        """Several keys read at one revision (one transaction)."""
+        out = self._post(
+            "/kv/txn", {"success": [{"request_range": {"key": _b64(k)}} for k in keys]}
+        )
+        return [_kv(r["response_range"].get("kvs")) for r in out.get("responses", [])]
+
+    def put(self, key: str | bytes, value: str | bytes, lease: int = 0) -> int:
+        """Set the key; return its new mod revision."""
+        out = self._post("/kv/put", {"key": _b64(key), "value": _b64(value), "lease": lease})
+        return int(out["header"]["revision"])
+
+    def put_many(self, items: list[tuple[str, bytes]], lease: int = 0) -> None:
+        puts = [
+            {"request_put": {"key": _b64(k), "value": _b64(v), "lease": lease}} for k, v in items
+        ]
+        self._post("/kv/txn", {"success": puts})
+
+    def swap(
+        self, key: str | bytes, value: bytes, expected: int | None, lease: int = 0
+    ) -> tuple[bool, KeyValue | None]:
+        """Set the key only if its mod revision is ``expected`` (None: only if it does
+        not exist). Returns (set, the key as it is now)."""
+        compare: dict[str, Any] = {"key": _b64(key), "result": "EQUAL"}
+        if expected is None:
+            compare.update(target="CREATE", create_revision=0)
+        else:
+            compare.update(target="MOD", mod_revision=expected)
+        out = self._post(
+            "/kv/txn",
+            {
+                "compare": [compare],
+                "success": [
+                    {"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}
+                ],
+                "failure": [{"request_range": {"key": _b64(key)}}],
+            },
+        )
+        if out.get("succeeded"):
+            return True, KeyValue(value, int(out["header"]["revision"]))
+        return False, _kv(out["responses"][0]["response_range"].get("kvs"))
+
+    def delete(self, key: str | bytes) -> int:
+        """Delete the key; return how many keys went (0 or 1)."""
+        return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
+
+    def delete_prefix(self, prefix: str) -> None:
+        self._post("/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
+
+    def wait_change(self, key: str | bytes, after_revision: int, timeout_s: float) -> bool:
+        """Block until ``key`` changes after ``after_revision`` or ``timeout_s`` passes;
+        True if it changed. Starting the watch at that revision misses no change."""
+        if timeout_s <= 0:
+            return False
+        try:
+            self._client.watch_once(key, timeout=timeout_s, start_revision=after_revision + 1)
+        except gw_errors.WatchTimedOut:
+            return False
+        except (gw_errors.Etcd3Exception, requests.RequestException) as exc:
+            raise EtcdError(self._unreachable(str(exc))) from None
+        return True
+
+    # -- leases -------------------------------------------------------------
+
+    def grant(self, ttl_s: int) -> int:
+        out = self._post("/lease/grant", {"TTL": ttl_s})
+        return int(out["ID"])
+
+    def keep_alive(self, lease: int) -> bool:
+        """Renew the lease; False if it has expired already."""
+        out = self._post("/lease/keepalive", {"ID": lease})
+        return int(out.get("result", {}).get("TTL", 0)) > 0
+
+    def revoke(self, lease: int) -> None:
+        self._post("/lease/revoke", {"ID": lease})
+
+
+class KeyWatch:
+    """The latest values of one key, or of every key under a prefix, kept current by
+    one watch stream in a daemon thread (re-opened after errors, from where it was).
+
+    A rendezvous key changes with every node's heartbeat, and every node waits on
+    it: reading it over HTTP at each change costs N requests per write, N² per
+    heartbeat round. A stream per node costs etcd one message per write and node,
+    and the node no request at all."""
+
+    RETRY_S = 0.5
+
+    def __init__(self, etcd: Etcd, key: str, *, prefix: bool = False) -> None:
+        self._etcd = etcd
+        self._key = key
+        self._range_end = _prefix_end(key) if prefix else None
+        self._cond = threading.Condition()
+        self._kvs: dict[str, KeyValue] = {}
+        self._changed: dict[str, int] = {}  # key -> revision of its last change seen
+        self._current = 0  # the store revision up to which the values are known current
+        self._healthy = False
+        self._stopped = False
+        self._response: Any = None
+        threading.Thread(target=self._run, name="etcd-watch", daemon=True).start()
+
+    def current(self, key: str) -> tuple[KeyValue | None, int, int] | None:
+        """(value, the revision it is current at, the revision of its last change
+        seen or 0), or None while the stream is down."""
+        with self._cond:
+            if not self._healthy:
+                return None
+            return self._kvs.get(key), self._current, self._changed.get(key, 0)
+
+    def wait_changed(self, key: str, after: int, timeout_s: float) -> bool | None:
+        """Wait until ``key`` changes after revision ``after``: True if it did, False
+        on timeout, None if the stream is down (the caller then reads by itself)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: not self._healthy or self._changed.get(key, 0) > after,
+                timeout=max(timeout_s, 0),
+            )
+            if not self._healthy:
+                return None
+            return self._changed.get(key, 0) > after
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._healthy = False
+            self._cond.notify_all()
+        response = self._response
+        if response is not None:
+            response.close()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            try:
+                self._stream(self._load() + 1)
+            except (EtcdError, requests.RequestException, ValueError, KeyError) as exc:
+                log.debug("watch of %s broke: %s", self._key, exc)
+            with self._cond:
+                self._healthy = False
+                self._cond.notify_all()
+            if not self._stopped:
+                time.sleep(self.RETRY_S)
+
+    def _load(self) -> int:
+        """Read the values afresh; return the revision they are current at."""
+        body = {"key": _b64(self._key)}
+        if self._range_end is not None:
+            body["range_end"] = _b64(self._range_end)
+        out = self._etcd._post("/kv/range", body)
+        revision = int(out["header"]["revision"])
+        with self._cond:
+            self._kvs = {
+                base64.b64decode(kv["key"]).decode(): KeyValue(
+                    base64.b64decode(kv.get("value", "")), int(kv["mod_revision"])
+                )
+                for kv in out.get("kvs", [])
+            }
+            for key, kv in self._kvs.items():
+                self._changed[key] = max(self._changed.get(key, 0), kv.mod_revision)
+            self._current = max(self._current, revision)
+            self._healthy = True
+            self._cond.notify_all()
+        return revision
+
+    def _stream(self, start: int) -> None:
+        client = self._etcd._client
+        create: dict[str, Any] = {
+            "key": _b64(self._key), "start_revision": start, "progress_notify": True,
+        }  # fmt: skip
+        if self._range_end is not None:
+            create["range_end"] = _b64(self._range_end)
+        response = client.session.post(
+            client.get_url("/watch"), json={"create_request": create}, stream=True,
+            timeout=(self._etcd.access.timeout_s, None),
+        )  # fmt: skip
+        self._response = response
+        with response:
+            if response.status_code != 200:
+                raise EtcdError(f"watch refused: {_message(response.text)}")
+            for line in response.iter_lines(chunk_size=None):  # each event as it comes
+                if self._stopped:
+                    return
+                if line:
+                    self._apply(json.loads(line).get("result", {}))
+
+    def _apply(self, result: dict[str, Any]) -> None:
+        events = result.get("events", [])
+        with self._cond:
+            for event in events:
+                kv = event["kv"]
+                key = base64.b64decode(kv["key"]).decode()
+                revision = int(kv["mod_revision"])
+                if event.get("type") == "DELETE":
+                    self._kvs.pop(key, None)
+                else:
+                    self._kvs[key] = KeyValue(base64.b64decode(kv.get("value", "")), revision)
+                self._changed[key] = revision
+                self._current = max(self._current, revision)
+            if not events and not result.get("created") and "header" in result:
+                # A progress notification: every event up to its revision was sent. (Not
+                # the creation message: the events since the read come after it.)
+                self._current = max(self._current, int(result["header"]["revision"]))
+            self._cond.notify_all()
+
+
+def _prefix_end(prefix: str) -> str:
+    """The end of etcd's key range that holds every key starting with ``prefix``."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class LeaseKeeper:
+    """Keeps one lease alive from a daemon thread, every third of its TTL.
+
+    Keys written with the lease vanish TTL seconds after the process that
+    held it stops (crash included): etcd is left clean without a janitor."""
+
+    def __init__(self, etcd: Etcd, ttl_s: int) -> None:
+        self.lease = etcd.grant(ttl_s)
+        self._etcd = etcd
+        self._ttl_s = ttl_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="etcd-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._ttl_s / 3):
+            try:
+                if not self._etcd.keep_alive(self.lease):
+                    self.lease = self._etcd.grant(self._ttl_s)
+                    log.warning("etcd lease expired; took a new one")
+            except EtcdError as exc:
+                log.warning("could not renew the etcd lease: %s", exc)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def _ssl_reason(detail: str) -> str:
+    markers = ("CERTIFICATE_VERIFY_FAILED", "certificate required", "unknown ca", "bad certificate")
+    for marker in markers:
+        if marker in detail:
+            return marker.lower().replace("_", " ")
+    return "handshake failed"
+
+
+def _client_for(access: Access, endpoint: str) -> Any:
+    host, _, port = endpoint.rpartition(":")
+    protocol = "https" if access.tls else "http"
+    base = f"{protocol}://{'[' + host + ']' if ':' in host else host}:{port}"
+    session: requests.Session = (
+        _AuthSession(endpoint, base, access.user, access.password, access.timeout_s)
+        if access.user is not None and access.password is not None
+        else requests.Session()
+    )
+    # Not the environment's CA bundle (REQUESTS_CA_BUNDLE would override --etcd-cacert)
+    # nor its proxies (etcd is on the cluster network).
+    session.trust_env = False
+    if access.cacert is not None:
+        session.verify = access.cacert
+    if access.cert is not None and access.key is not None:
+        session.cert = (access.cert, access.key)
+    return etcd3gw.Etcd3Client(
+        host=host, port=int(port), protocol=protocol, timeout=access.timeout_s,
+        api_path="/v3/", session=session,
+    )  # fmt: skip

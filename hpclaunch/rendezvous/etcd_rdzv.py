@@ -1,0 +1,315 @@
+"""``hpclaunch-etcd``: torch's dynamic rendezvous with its state in etcd, over the v3 API.
+
+torch ships only etcd backends that speak etcd's v2 API, which etcd 3.6 removed.
+This is a ``RendezvousBackend`` (the state, with a compare-and-swap on the
+key's revision) plus a c10d ``Store`` (what the agents exchange), both on
+etcd v3, under one handler:
+
+* node ranks follow SLURM's order, as with ``hpclaunch-c10d``;
+* while a node waits for the others it watches the state key instead of
+  polling it once a second, so a rendezvous completes as soon as the last node
+  joins;
+* a node whose heartbeats stop (a dead node when the allocation is kept, with
+  ``--no-kill``) makes the others restart their workers and rendezvous again
+  without it, down to the job's minimum node count;
+* every key lives under ``/hpclaunch/rdzv/RUN_ID/`` and on a lease of the agent
+  that wrote it, so etcd is clean a lease TTL after the job's agents are gone.
+
+torchrun can use it too (``--rdzv-backend hpclaunch-etcd``) through the
+``torchrun.handlers`` entry point. Written against torch 2.13.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+from torch.distributed.elastic.rendezvous import utils as rdzv_utils
+
+from hpclaunch.errors import EtcdError
+from hpclaunch.rendezvous.etcd.access import Access, read_password
+from hpclaunch.rendezvous.ranked_c10d import (
+    RankedHandler,
+    RankedNodeDesc,
+    delay_factor,
+    keep_multiple_of,
+)
+
+log = logging.getLogger(__name__)
+
+NAME = "hpclaunch-etcd"
+KEY_ROOT = "/hpclaunch/rdzv/"
+LEASE_TTL_S = 30
+# How long the store's blocking get/wait is allowed when torch sets no timeout.
+DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class EtcdBackend(dynamic.RendezvousBackend):
+    """The rendezvous state in one etcd key; the fencing token is its mod revision.
+
+    Reads come from a watch stream of the key where it is current (no request),
+    else from etcd; a write goes to etcd as a compare-and-swap."""
+
+    def __init__(self, etcd: Any, key: str, lease: Callable[[], int], watch: Any = None) -> None:
+        self._etcd = etcd
+        self._key = key
+        self._lease = lease
+        self._watch = watch
+        self._known = 0  # the newest store revision this node has read or written
+        self._held = 0  # the mod revision of the state last handed to torch (0: none)
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def get_state(self) -> tuple[bytes, Any] | None:
+        watched = self._watch.current(self._key) if self._watch is not None else None
+        if watched is not None and watched[1] >= self._known:
+            kv, revision, _ = watched
+        else:
+            kv, revision = self._call(lambda: self._etcd.get(self._key))
+        self._known = max(self._known, revision)
+        self._held = kv.mod_revision if kv is not None else 0
+        return None if kv is None else (kv.value, kv.mod_revision)
+
+    def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
+        expected = token if isinstance(token, int) else None
+        done, kv = self._call(lambda: self._etcd.swap(self._key, state, expected, self._lease()))
+        if kv is None:  # the key went away between the compare and the read
+            return None
+        self._known = max(self._known, kv.mod_revision)
+        self._held = kv.mod_revision
+        return kv.value, kv.mod_revision, done
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        """Return when the state changes after the one last handed to torch, or after
+        ``timeout_s``: what torch's one-second poll is for, without the wait."""
+        watch = self._watch
+        if watch is not None and watch.wait_changed(self._key, self._held, timeout_s) is not None:
+            return
+        self._call(lambda: self._etcd.wait_change(self._key, self._known, timeout_s))
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from None
+
+
+class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
+    """A c10d Store on etcd v3 for the agents (the workers get a TCPStore, as with c10d)."""
+
+    def __init__(self, etcd: Any, prefix: str, lease: Callable[[], int], watch: Any = None) -> None:
+        super().__init__()
+        self._etcd = etcd
+        self._prefix = prefix
+        self._lease = lease
+        self._watch = watch  # a KeyWatch of the whole prefix, for the blocking reads
+        self.set_timeout(DEFAULT_STORE_TIMEOUT)
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._etcd.put(self._key(key), _bytes(value), self._lease())
+
+    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
+        items = [(self._key(k), _bytes(v)) for k, v in zip(keys, values, strict=True)]
+        self._etcd.put_many(items, self._lease())
+
+    def get(self, key: str) -> bytes:
+        return self._wait_values([key], None)[0]
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._wait_values(keys, None)
+
+    def wait(self, keys: list[str], override_timeout: timedelta | None = None) -> None:
+        self._wait_values(keys, override_timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return all(kv is not None for kv in self._etcd.get_many([self._key(k) for k in keys]))
+
+    def add(self, key: str, num: int) -> int:
+        name = self._key(key)
+        while True:
+            kv, _ = self._etcd.get(name)
+            value = (int(kv.value) if kv is not None else 0) + num
+            done, _ = self._etcd.swap(
+                name, str(value).encode(), None if kv is None else kv.mod_revision, self._lease()
+            )
+            if done:
+                return value
+
+    def compare_set(
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
+        name = self._key(key)
+        kv, _ = self._etcd.get(name)
+        expected = _bytes(expected_value)
+        if (kv is None and expected == b"") or (kv is not None and kv.value == expected):
+            done, now = self._etcd.swap(
+                name, _bytes(desired_value), None if kv is None else kv.mod_revision, self._lease()
+            )
+            if done or now is None:
+                return _bytes(desired_value) if done else expected
+            return bytes(now.value)
+        return expected if kv is None else kv.value
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._etcd.delete(self._key(key)))
+
+    def num_keys(self) -> int:
+        raise NotImplementedError("EtcdStore does not count keys")
+
+    def _wait_values(self, keys: list[str], timeout: timedelta | None) -> list[bytes]:
+        limit = (timeout or self.timeout or DEFAULT_STORE_TIMEOUT).total_seconds()
+        deadline = time.monotonic() + limit
+        return [self._wait_value(self._key(k), deadline, limit) for k in keys]
+
+    def _wait_value(self, name: str, deadline: float, limit: float) -> bytes:
+        """The key's value once it is set: from the prefix's watch stream while it is
+        up, else read and watched over HTTP. LookupError after ``deadline``."""
+        while True:
+            left = deadline - time.monotonic()
+            watch = self._watch
+            watched = watch.current(name) if watch is not None else None
+            if watched is not None:
+                if watched[0] is not None:
+                    return bytes(watched[0].value)
+                if left <= 0:
+                    break
+                if watch.wait_changed(name, watched[2], left) is not None:
+                    continue  # changed, or timed out: look again
+            kv, revision = self._etcd.get(name)
+            if kv is not None:
+                return bytes(kv.value)
+            if left <= 0:
+                break
+            self._etcd.wait_change(name, revision, left)
+        raise LookupError(f"etcd store: {name!r} was not set within {limit:g} s")
+
+
+class EtcdHandler(RankedHandler):
+    """The ranked handler of hpclaunch-c10d, plus: a peer whose heartbeats stopped
+    counts as a membership change, which torch's agent answers by restarting its
+    workers and joining the next round (without the dead node)."""
+
+    _round: int | None = None
+    _world: int = 0
+    _lost_peer = False
+
+    def take_lost_peer(self) -> bool:
+        """Whether the last restart was for a lost node (asked once per restart)."""
+        lost, self._lost_peer = self._lost_peer, False
+        return lost
+
+    def next_rendezvous(self) -> Any:
+        info = super().next_rendezvous()
+        self._round = self._state_holder.state.round
+        self._world = info.world_size
+        return info
+
+    def num_nodes_waiting(self) -> int:
+        waiting: int = super().num_nodes_waiting()
+        state = self._state_holder.state
+        if self._round is None or waiting:
+            return waiting
+        lost = state.round != self._round or len(state.participants) < self._world
+        if lost:
+            # A node leaves a round by restarting its workers, or by dying: then its
+            # heartbeats stop, and the first sync after they expire drops it.
+            log.warning(
+                "round %d is down to %d of %d nodes; starting a new round without the "
+                "missing ones", self._round, len(state.participants), self._world,
+            )  # fmt: skip
+            self._round = None  # report it once
+            self._lost_peer = True
+            return 1
+        return 0
+
+
+def _install_delays(backend: EtcdBackend, max_nodes: int) -> None:
+    """Replace dynamic_rendezvous's delays in this process: the first-join jitter
+    is scaled as for hpclaunch-c10d, and the one-second poll becomes a watch."""
+    factor = delay_factor(max_nodes)
+    original = rdzv_utils._delay
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        if isinstance(seconds, tuple):
+            original((seconds[0] * factor, seconds[1] * factor))
+        else:
+            backend.wait_for_change(seconds)
+
+    setattr(dynamic, "_delay", delay)  # noqa: B010 (not re-exported by torch)
+
+
+def access_from(params: RendezvousParameters) -> Access:
+    """Endpoints from ``rdzv_endpoint``; TLS files, user and password file from the
+    rendezvous configs (``cacert``, ``cert``, ``key``, ``user``, ``password_file``);
+    the password may also come from $HPCLAUNCH_ETCD_PASSWORD."""
+    endpoints = tuple(e.strip() for e in params.endpoint.split(",") if e.strip())
+    return Access(
+        endpoints=endpoints,
+        cacert=_path(params.get("cacert")),
+        cert=_path(params.get("cert")),
+        key=_path(params.get("key")),
+        user=params.get("user"),
+        password=read_password(os.environ, params.get("password_file")),
+        timeout_s=float(params.get("etcd_timeout", 5.0)),
+    )
+
+
+def _path(value: str | None) -> str | None:
+    """A file named in the configs, ``~`` expanded (the script quotes it)."""
+    return None if value is None else os.path.expanduser(value)
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's dynamic handler on etcd v3, ranked by config ``node_rank`` (default:
+    host name order, as torch does)."""
+    from hpclaunch.rendezvous.etcd.client import Etcd, KeyWatch, LeaseKeeper
+
+    access = access_from(params)
+    try:
+        etcd = Etcd.connect(access)
+    except EtcdError as exc:
+        raise RendezvousConnectionError(str(exc)) from None
+    keeper = LeaseKeeper(etcd, LEASE_TTL_S)
+    root = f"{KEY_ROOT}{params.run_id}/"
+    backend = EtcdBackend(
+        etcd, root + "state", lambda: keeper.lease, KeyWatch(etcd, root + "state")
+    )
+    store_prefix = root + "store/"
+    store = EtcdStore(
+        etcd, store_prefix, lambda: keeper.lease, KeyWatch(etcd, store_prefix, prefix=True)
+    )
+    stock = dynamic.create_handler(store, backend, params)
+    _install_delays(backend, params.max_nodes)
+    node = stock._this_node
+    node_rank = params.get_as_int("node_rank")
+    if node_rank is not None:  # hpclaunch agent: ranks in SLURM's order
+        node = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
+    handler = EtcdHandler(node, stock._settings, NAME, store, stock._state_holder)
+    keep_multiple_of(handler, params)
+    return handler
+
+
+def register() -> None:
+    """Make ``hpclaunch-etcd`` known to torch's registry (idempotent)."""
+    rendezvous_handler_registry.register(NAME, create_handler)

@@ -1,0 +1,79 @@
+"""Write a rendered script into the job's folder and submit it.
+
+Nothing is left half-done: if sbatch refuses the script, the staged file and
+any folder created for it are removed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.slurm.commands import Slurm
+
+log = logging.getLogger(__name__)
+
+SCRIPT_NAME = "job.sbatch"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submitted job and where its script was kept."""
+
+    job_id: int
+    cluster: str | None
+    job_dir: Path
+    script_path: Path
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """mkdir -p, returning the folders it created (outermost first)."""
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def submit(script: str, log_dir: Path, slurm: Slurm, *, cwd: Path) -> Submission:
+    """Submit ``script`` from ``cwd`` (the job's working folder); keep it as
+    ``LOG_DIR/JOBID/job.sbatch``.
+
+    The log folder must exist before the job starts (SLURM does not create the
+    folder of ``--output``), so it is created here. Raises SlurmError or
+    SlurmNotFound, after removing what it created.
+    """
+    try:
+        created = _make_dirs(log_dir)
+        fd, staged_name = tempfile.mkstemp(prefix=".submit-", suffix=".sbatch", dir=log_dir)
+    except OSError as exc:
+        raise HpclaunchError(
+            f"cannot write into the log folder {str(log_dir)!r} (from --log-dir or a profile): "
+            f"{exc.strerror}; choose a folder you can write to"
+        ) from None
+    staged = Path(staged_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(script)
+        os.chmod(staged, 0o644)
+        job = slurm.sbatch(staged, cwd=cwd)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # something else was put there meanwhile: keep it
+        raise
+    job_dir = log_dir / str(job.job_id)
+    job_dir.mkdir(exist_ok=True)  # the job itself may have created it already
+    script_path = job_dir / SCRIPT_NAME
+    os.replace(staged, script_path)
+    log.info("job %s: submitted, script kept at %s", job.job_id, script_path)
+    return Submission(job.job_id, job.cluster, job_dir, script_path)
