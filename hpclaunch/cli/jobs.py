@@ -61,7 +61,7 @@ def _look(obj: Any, job_id: int, job_dir: Path | None) -> JobStatus:
 
 
 def _fail(exc: HpclaunchError) -> None:
-    from hpclaunch.cli import fail
+    from hpclaunch.cli.context import fail
 
     fail(exc)
 

@@ -49,7 +49,7 @@ def _requeues(job_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from hpclaunch.executor.params import WORKER_MODULE
-    from hpclaunch.node import agent
+    from hpclaunch.node import agent, options
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         nproc_per_node=settings.nproc_per_node, nproc_source="nproc_per_node",
         master_port=derive_port(job_id),
     )  # fmt: skip
-    opts = agent.AgentOptions(
+    opts = options.AgentOptions(
         entrypoint=WORKER_MODULE, args=(str(folder),), entry_kind=EntryKind.MODULE,
         nproc_per_node=settings.nproc_per_node, rdzv=Rendezvous.C10D,
         max_restarts=settings.max_restarts, job_dir=job_dir,
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         # job.result() reads it; it is printed below too, as the supervisor would.
         failures.SUPERVISED_VAR: "1",
     })  # fmt: skip
-    launch = agent.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
+    launch = options.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
     status = agent.launch(ctx, opts, launch, os.environ)
     if status == 128 + TIME_LIMIT_SIGNAL:
         if requeue < settings.max_requeues:

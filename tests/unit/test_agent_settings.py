@@ -9,10 +9,10 @@ import pytest
 
 from hpclaunch.job.spec import EntryKind, Rendezvous
 from hpclaunch.job.values import NodeRange
-from hpclaunch.node.agent import (
+from hpclaunch.node.agent import job_folder
+from hpclaunch.node.options import (
     AgentOptions,
     guarded,
-    job_folder,
     launch_settings,
     worker_command,
     worker_env,

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from hpclaunch.job.spec import EntryKind
-from hpclaunch.node.agent import AgentOptions, WorkerStart, launched_as, starts_warm
+from hpclaunch.node.options import AgentOptions, WorkerStart, launched_as, starts_warm
 from hpclaunch.node.warmstart.forked_worker import _exit_status, parse_python_args
 from hpclaunch.node.warmstart.zygote import _dispositions, signals_deferred
 

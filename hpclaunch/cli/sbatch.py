@@ -1,0 +1,249 @@
+"""``hpclaunch sbatch``: flags and profile -> JobSpec -> script -> sbatch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from hpclaunch.cli.context import (
+    TYPES,
+    CliContext,
+    entry_kind,
+    etcd_access_options,
+    fail,
+    refuse_option_as_script,
+)
+from hpclaunch.errors import HpclaunchError, SpecError
+from hpclaunch.job.spec import (
+    DEFAULT_LOG_DIR,
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_SIGNAL_LEAD_S,
+    EntryKind,
+    Rendezvous,
+)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--nodes", type=TYPES["nodes"], help="Node count N, or MIN:MAX for an elastic job. [default: 1]"
+)
+@click.option("--gpus-per-node", type=int, help="GPUs per node; 0 for a CPU job. [default: 0]")
+@click.option("--nproc-per-node", type=int, help="Workers per node. [default: GPUs per node, or 1]")
+@click.option(
+    "--time",
+    "time_limit",
+    type=TYPES["time"],
+    help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED.",
+)
+@click.option("--partition", help="SLURM partition.")
+@click.option("--account", help="SLURM account to charge.")
+@click.option("--qos", help="SLURM quality of service.")
+@click.option("--constraint", help="Node features the job needs (SLURM --constraint).")
+@click.option("--exclude", help="Nodes to keep the job off (a SLURM hostlist).")
+@click.option("--mem", type=TYPES["mem"], help="Memory per node, e.g. 64G (0: all of it).")
+@click.option("--cpus-per-task", type=int, help="CPUs for each node's agent and its workers.")
+@click.option("--job-name", help="Job name. [default: the script's name]")
+@click.option(
+    "--log-dir",
+    help=f"Folder for logs (%x-%j.out) and job folders. [default: {DEFAULT_LOG_DIR}]",
+)
+@click.option(
+    "--checkpoint-dir",
+    help="HPCLAUNCH_CHECKPOINT_DIR for workers. [default: LOG_DIR/JOBID/checkpoints]",
+)
+@click.option(
+    "--max-restarts",
+    type=int,
+    help=f"In-place worker-group restarts per node. [default: {DEFAULT_MAX_RESTARTS}]",
+)
+@click.option(
+    "--max-requeues",
+    type=int,
+    help=f"Requeue budget given to the batch-step supervisor. [default: {DEFAULT_MAX_REQUEUES}]",
+)
+@click.option(
+    "--signal-lead",
+    "signal_lead_s",
+    type=int,
+    help="Seconds before the time limit that SLURM warns the job (USR1). "
+    f"[default: {DEFAULT_SIGNAL_LEAD_S}]",
+)
+@click.option(
+    "--rdzv",
+    type=click.Choice(["static", "c10d", "etcd"]),
+    help=f"Rendezvous backend. [default: {Rendezvous.C10D.value}]",
+)
+@click.option(
+    "--etcd-endpoint",
+    "etcd_endpoints",
+    type=TYPES["endpoints"],
+    help="etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
+)
+@click.option(
+    "--etcd-sidecar",
+    is_flag=True,
+    default=None,
+    help="Start an etcd server on the first node for --rdzv etcd.",
+)
+@etcd_access_options
+@click.option(
+    "--no-kill",
+    is_flag=True,
+    default=None,
+    help="Keep the job when a node is lost; with --nodes MIN:MAX it goes on on fewer nodes.",
+)
+@click.option(
+    "--node-multiple",
+    type=int,
+    help="Keep the node count a multiple of K (a data-parallel degree); "
+    "nodes beyond it stand by. [default: 1]",
+)
+@click.option(
+    "--template",
+    type=click.Path(dir_okay=False),
+    help="A Jinja template to render instead of the built-in one.",
+)
+@click.option(
+    "--profile",
+    help="Profile from ./hpclaunch.toml or ~/.config/hpclaunch/config.toml. "
+    "[default: 'default' if defined]",
+)
+@click.option(
+    "--sbatch-option",
+    "sbatch_options",
+    type=TYPES["option"],
+    multiple=True,
+    help="Extra #SBATCH option KEY=VALUE or KEY (repeatable).",
+)
+@click.option(
+    "--srun-option",
+    "srun_options",
+    type=TYPES["option"],
+    multiple=True,
+    help="Extra srun option KEY=VALUE or KEY for the agent step (repeatable).",
+)
+@click.option(
+    "--setup",
+    multiple=True,
+    help="A shell line run before the launch, as written: module loads, venv activation "
+    "(repeatable).",
+)
+@click.option(
+    "--env",
+    type=TYPES["env"],
+    multiple=True,
+    help="Environment variable KEY=VALUE for the job (repeatable).",
+)
+@click.option(
+    "-m", "--module", is_flag=True, help="SCRIPT is a Python module name, run as python -m."
+)
+@click.option("--no-python", is_flag=True, help="SCRIPT is an executable, run without python.")
+@click.option("--dry-run", is_flag=True, help="Print the script; submit nothing.")
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"job_id": ..., "script": ...} as JSON.'
+)
+@click.option(
+    "--follow",
+    "follow_job",
+    is_flag=True,
+    help="After submitting, print the job's state changes, requeues, restarts and "
+    "checkpoints on stderr until it ends; exit with the job's status.",
+)
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def sbatch(
+    obj: CliContext,
+    /,
+    script: str,
+    args: tuple[str, ...],
+    profile: str | None,
+    module: bool,
+    no_python: bool,
+    dry_run: bool,
+    as_json: bool,
+    follow_job: bool,
+    **flags: Any,
+) -> None:
+    """Render an sbatch script for SCRIPT [ARGS]... and submit it.
+
+    One agent runs per node and starts the workers; everything after SCRIPT
+    is passed to the training command unchanged. Without --dry-run, prints
+    the job id alone on stdout.
+    """
+    from hpclaunch.job.profiles import Entry, build_spec, load_profile
+    from hpclaunch.job.render import render
+
+    refuse_option_as_script(script)
+    if follow_job and dry_run:
+        raise click.UsageError("--follow follows a submitted job; --dry-run submits none")
+    kind = entry_kind(module, no_python)
+    if flags["rdzv"] is not None:
+        flags["rdzv"] = Rendezvous(flags["rdzv"])
+    if flags["template"] is not None:
+        flags["template"] = str(obj.cwd / flags["template"])
+    try:
+        spec = build_spec(
+            Entry(script, args, kind),
+            flags,
+            load_profile(profile, obj.cwd, obj.env),
+        )
+        if kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
+            raise SpecError(
+                "script",
+                f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
+                "check the path, or use -m for a module or --no-python for an executable",
+            )
+        text = render(spec)
+        if dry_run:
+            submission = None
+        else:
+            from hpclaunch.slurm.submit import submit
+
+            submission = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
+            _note_job(obj, submission, spec.effective_job_name)
+    except HpclaunchError as exc:
+        fail(exc)
+    if as_json:
+        payload = {
+            "job_id": submission.job_id if submission else None,
+            "cluster": submission.cluster if submission else None,
+            "script_path": str(submission.script_path) if submission else None,
+            "script": text,
+        }
+        click.echo(json.dumps(payload, indent=2))
+    elif submission is None:
+        click.echo(text, nl=False)
+    else:
+        click.echo(submission.job_id)
+    if follow_job and submission is not None:
+        from hpclaunch.cli.jobs import follow_job as follow
+
+        sys.stdout.flush()
+        sys.exit(follow(obj, submission.job_id, submission.job_dir))
+
+
+def _note_job(obj: CliContext, submission: Any, name: str) -> None:
+    """Add the job to this user's job list (for status, logs, cancel, list); the
+    job is submitted either way, so a failure here is a warning."""
+    import time
+
+    from hpclaunch.ops import registry
+
+    entry = registry.Entry(
+        submission.job_id, str(submission.job_dir.absolute()), name, time.time(),
+        submission.cluster, str(obj.cwd),
+    )  # fmt: skip
+    try:
+        registry.add(obj.env, entry)
+    except OSError as exc:
+        click.echo(
+            f"hpclaunch: warning: job {submission.job_id} was submitted, but could not be "
+            f"added to {registry.path(obj.env)} ({exc.strerror or exc}); give "
+            f"`hpclaunch status` --job-dir {submission.job_dir}",
+            err=True,
+        )
