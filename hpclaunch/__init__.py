@@ -4,6 +4,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 Importing this package never imports torch.
 """
 
+from hpclaunch._version import __version__
 from hpclaunch.errors import (
     ConfigError,
     HpclaunchError,
@@ -14,8 +15,6 @@ from hpclaunch.errors import (
 )
 from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
 from hpclaunch.job.values import NodeRange
-
-__version__ = "0.1.0"
 
 _LAZY = {"Executor", "ExecutorError", "Job"}  # hpclaunch.executor imports submitit
 

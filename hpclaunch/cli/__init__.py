@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import click
 
-from hpclaunch import __version__
+from hpclaunch._version import __version__
 from hpclaunch.cli.context import CliContext
 
 __all__ = ["CliContext", "main"]

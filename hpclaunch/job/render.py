@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePath
 from typing import Any
 
-from hpclaunch import __version__
+from hpclaunch._version import __version__
 from hpclaunch.errors import TemplateError
 from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
 from hpclaunch.job.values import format_time

@@ -13,10 +13,8 @@ import enum
 import fcntl
 import logging
 import os
-import random
 import re
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -25,8 +23,8 @@ from typing import Any
 
 from hpclaunch.errors import HpclaunchError, SandboxError
 from hpclaunch.node.procs import Tracked
-from hpclaunch.sandbox import conf, daemons, net, state
-from hpclaunch.sandbox.conf import Layout, Mode, Placement, SandboxSpec
+from hpclaunch.sandbox import conf, daemons, net, placement, state
+from hpclaunch.sandbox.conf import Layout, Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
 from hpclaunch.sandbox.state import SandboxState, UpAction
 from hpclaunch.slurm.commands import NodeState, Slurm
@@ -149,8 +147,8 @@ class Sandbox:
                 if left:
                     raise SandboxError(f"could not clear the old sandbox: {', '.join(left)}")
             self._claim_folder()
-            mode = _choose_mode(spec.mode)
-            place = _placement(self.state_dir, spec, mode)
+            mode = placement.choose_mode(spec.mode)
+            place = placement.place(self.state_dir, spec, mode)
             lay = conf.layout(self.state_dir, spec, mode, place)
             record = SandboxState(spec, mode, place)
             state.write(self.state_file, record)
@@ -344,50 +342,6 @@ class Sandbox:
             if made.returncode != 0:
                 raise SandboxError(f"mungekey could not create {key}: {made.stderr.strip()}")
         key.chmod(0o600)
-
-
-def _choose_mode(mode: Mode) -> Mode:
-    if mode is Mode.LOOPBACK:
-        return mode
-    why = "it needs root" if os.geteuid() != 0 else net.netns_permitted()
-    if why is None:
-        return Mode.NETNS
-    if mode is Mode.NETNS:
-        raise SandboxError(
-            f"network namespaces are not available here ({why}); use --mode loopback"
-        )
-    log.warning("sandbox: no network namespaces (%s); running in loopback mode", why)
-    return Mode.LOOPBACK
-
-
-def _placement(state_dir: Path, spec: SandboxSpec, mode: Mode) -> Placement:
-    """A free link-name id, subnet and port block for a new sandbox."""
-    sid = conf.short_id(state_dir)
-    while net.links_with_prefix(f"hs{sid}"):  # another sandbox's, or a leftover
-        sid = f"{random.randrange(0x10000):04x}"
-    used = net.subnets_in_use() if mode is Mode.NETNS else set()
-    preferred = int(sid, 16) % 250 + 1
-    free = [x for x in [preferred, *range(1, 251)] if x not in used]
-    if not free:
-        raise SandboxError(
-            "every 10.254.X.0/24 network is in use here; run down on other sandboxes"
-        )
-    return Placement(sid, free[0], _free_port_block(spec.nodes + 1))
-
-
-def _free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive TCP ports that nothing listens on now; above
-    the ports jobs derive from their ids (hpclaunch.slurm.env), below the ephemeral range."""
-    for _ in range(200):
-        base = random.randrange(25000, 30000 - count)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        return base
-    raise SandboxError("found no block of free TCP ports between 25000 and 30000")
 
 
 def check_prerequisites(euid: int | None = None, path: str | None = None) -> None:

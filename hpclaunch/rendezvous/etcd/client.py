@@ -21,10 +21,10 @@ import time
 from typing import Any, NamedTuple
 
 from hpclaunch.errors import EtcdError
-from hpclaunch.rendezvous.etcd.access import PASSWORD_VAR, Access
+from hpclaunch.rendezvous.etcd import session
+from hpclaunch.rendezvous.etcd.access import Access
 
 try:
-    import etcd3gw
     import requests
     from etcd3gw import exceptions as gw_errors
 except ImportError as exc:  # pragma: no cover - depends on the installation
@@ -48,63 +48,6 @@ _HINTS = {
 class KeyValue(NamedTuple):
     value: bytes
     mod_revision: int
-
-
-class _AuthSession(requests.Session):
-    """A session that logs in with user and password and logs in again when etcd
-    says the token expired (etcd's simple tokens last 5 minutes by default)."""
-
-    def __init__(
-        self, endpoint: str, base_url: str, user: str, password: str, timeout_s: float
-    ) -> None:
-        super().__init__()
-        self._endpoint = endpoint
-        self._login = (base_url + "/v3/auth/authenticate", {"name": user, "password": password})
-        self._timeout_s = timeout_s
-        self._token: str | None = None
-        self._lock = threading.Lock()
-
-    def _authenticate(self) -> str:
-        url, body = self._login
-        resp = super().request("POST", url, json=body, timeout=self._timeout_s)
-        if resp.status_code != 200:
-            raise EtcdError(
-                f"etcd at {self._endpoint} refused user {body['name']!r}: "
-                f"{_message(resp.text)}; check --etcd-user and the password "
-                f"(--etcd-password-file or ${PASSWORD_VAR})"
-            )
-        token = resp.json().get("token")
-        if not isinstance(token, str):
-            raise EtcdError(
-                f"etcd at {self._endpoint} answered the login without a token: {resp.text!r}"
-            )
-        return token
-
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
-        for attempt in (1, 2):
-            with self._lock:
-                if self._token is None:
-                    self._token = self._authenticate()
-                token = self._token
-            headers = dict(kwargs.pop("headers", None) or {})
-            headers["Authorization"] = token
-            kwargs["headers"] = headers
-            resp = super().request(method, url, *args, **kwargs)  # type: ignore[arg-type]
-            if resp.status_code != 401 or attempt == 2:
-                return resp
-            with self._lock:
-                if self._token == token:
-                    self._token = None  # expired: log in again, once
-        raise AssertionError("unreachable")
-
-
-def _message(text: str) -> str:
-    """etcd's error message out of a gateway error body."""
-    try:
-        body = json.loads(text)
-        return str(body.get("message") or body.get("error") or text)
-    except ValueError:
-        return text.strip()[:200]
 
 
 def _b64(data: str | bytes) -> str:
@@ -136,7 +79,7 @@ class Etcd:
         """Try each endpoint in turn; raise EtcdError listing why each failed."""
         problems = []
         for endpoint in access.endpoints:
-            etcd = cls(access, endpoint, _client_for(access, endpoint))
+            etcd = cls(access, endpoint, session.client_for(access, endpoint))
             try:  # a read under the rendezvous prefix: checks user and permissions too
                 etcd.get(PROBE_KEY)
             except EtcdError as exc:
@@ -158,7 +101,7 @@ class Etcd:
                 "check that etcd runs there and that this node can reach it (--etcd-endpoint)"
             ) from None
         except gw_errors.Etcd3Exception as exc:
-            detail = _message(exc.detail_text or str(exc))
+            detail = session.message(exc.detail_text or str(exc))
             hint = next((h for k, h in _HINTS.items() if k in detail), "")
             raise EtcdError(f"etcd at {self.endpoint} refused {path}: {detail}{hint}") from None
         if not isinstance(result, dict):
@@ -168,7 +111,7 @@ class Etcd:
     def _unreachable(self, detail: str) -> str:
         if "CERTIFICATE_VERIFY_FAILED" in detail or "SSL" in detail:
             return (
-                f"etcd at {self.endpoint}: TLS failed ({_ssl_reason(detail)}); check "
+                f"etcd at {self.endpoint}: TLS failed ({session.ssl_reason(detail)}); check "
                 "--etcd-cacert (the CA that signed the server's certificate), --etcd-cert "
                 "and --etcd-key"
             )
@@ -364,7 +307,7 @@ class KeyWatch:
         self._response = response
         with response:
             if response.status_code != 200:
-                raise EtcdError(f"watch refused: {_message(response.text)}")
+                raise EtcdError(f"watch refused: {session.message(response.text)}")
             for line in response.iter_lines(chunk_size=None):  # each event as it comes
                 if self._stopped:
                     return
@@ -421,33 +364,3 @@ class LeaseKeeper:
 
     def stop(self) -> None:
         self._stopped.set()
-
-
-def _ssl_reason(detail: str) -> str:
-    markers = ("CERTIFICATE_VERIFY_FAILED", "certificate required", "unknown ca", "bad certificate")
-    for marker in markers:
-        if marker in detail:
-            return marker.lower().replace("_", " ")
-    return "handshake failed"
-
-
-def _client_for(access: Access, endpoint: str) -> Any:
-    host, _, port = endpoint.rpartition(":")
-    protocol = "https" if access.tls else "http"
-    base = f"{protocol}://{'[' + host + ']' if ':' in host else host}:{port}"
-    session: requests.Session = (
-        _AuthSession(endpoint, base, access.user, access.password, access.timeout_s)
-        if access.user is not None and access.password is not None
-        else requests.Session()
-    )
-    # Not the environment's CA bundle (REQUESTS_CA_BUNDLE would override --etcd-cacert)
-    # nor its proxies (etcd is on the cluster network).
-    session.trust_env = False
-    if access.cacert is not None:
-        session.verify = access.cacert
-    if access.cert is not None and access.key is not None:
-        session.cert = (access.cert, access.key)
-    return etcd3gw.Etcd3Client(
-        host=host, port=int(port), protocol=protocol, timeout=access.timeout_s,
-        api_path="/v3/", session=session,
-    )  # fmt: skip
