@@ -42,13 +42,14 @@ import re
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir.atomic import write_atomic
 
 __all__ = [
     "ENV_VAR",
@@ -140,37 +141,6 @@ def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:
     """The newest complete checkpoint, or None."""
     found = complete(directory(folder))
     return found[-1] if found else None
-
-
-def write_atomic(
-    path: Path, write: Callable[[IO[bytes]], object], *, replace: bool = False
-) -> bool:
-    """Write ``path`` through ``write(file)`` so that it appears complete or not at all:
-    a temporary file in the same folder, fsync, rename, fsync of the folder. Unless
-    ``replace``, returns False (and writes nothing) when ``path`` already exists."""
-    if not replace and path.exists():
-        return False
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_folder(path.parent)
-    return True
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def prune(folder: Path, keep_last: int) -> list[Path]:

@@ -144,7 +144,7 @@ def agent(
 
     Runs inside an allocation, once per node: srun --ntasks-per-node=1 hpclaunch agent ...
     """
-    from hpclaunch.jobdir import joblogs
+    from hpclaunch.jobdir.layout import JobFolder
     from hpclaunch.node import agent as node_agent
     from hpclaunch.node import options
     from hpclaunch.slurm.env import RankOrder
@@ -192,9 +192,9 @@ def agent(
                 "step_id": ctx.step_id,
             },
             "launch": settings,
-            "rank_logs": str(joblogs.attempt_dir(
-                node_agent.job_folder(ctx, opts, obj.env), ctx.restart_count, ctx.step_id, 0
-            )),
+            "rank_logs": str(JobFolder(node_agent.job_folder(ctx, opts, obj.env)).attempt(
+                ctx.restart_count, ctx.step_id, 0
+            ).path),
             "worker_command": list(options.worker_command(opts)),
             "launched_as": [launcher, *launcher_args],
             "worker_start": "warm" if options.starts_warm(opts) else "fresh",

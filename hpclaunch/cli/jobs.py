@@ -16,10 +16,9 @@ from typing import Any
 import click
 
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
-from hpclaunch.jobdir import joblogs
+from hpclaunch.jobdir.layout import JobFolder, RankFile
 from hpclaunch.ops import follow, registry
 from hpclaunch.ops.status import JobStatus, exit_status, gather
-from hpclaunch.recovery import policy as requeue
 from hpclaunch.slurm.hostlist import compress
 
 LIST_DEFAULT = 20
@@ -150,17 +149,17 @@ def log_files(
     job_dir: Path, status: JobStatus, rank: int | None, node: str | None, err: bool
 ) -> list[tuple[str, Path]]:
     """The files ``hpclaunch logs`` shows, oldest first, with a label each."""
-    kind = "err" if err else "out"
+    kind = RankFile.ERR if err else RankFile.OUT
     if rank is None and node is None:
         return [("batch log", Path(status.batch_log))] if status.batch_log else []
     files = []
-    for attempt in joblogs.attempts(job_dir):
+    for attempt in JobFolder(job_dir).attempts():
         ranks = [rank] if rank is not None else []
         if node is not None:
             on_node = attempt.node_ranks().get(node, [])
             ranks = [r for r in on_node if rank is None or r == rank]
         for number in ranks:
-            path = joblogs.rank_file(attempt.folder, number, kind)
+            path = attempt.rank_file(number, kind)
             if path.exists():
                 files.append((f"rank {number}, {attempt.label}", path))
     return files
@@ -240,7 +239,7 @@ def _write(parts: Iterable[str]) -> None:
 
 
 def _nodes_seen(folder: Path) -> str:
-    names = sorted({name for a in joblogs.attempts(folder) for name in a.node_ranks()})
+    names = sorted({name for a in JobFolder(folder).attempts() for name in a.node_ranks()})
     return ", ".join(names) or "none recorded"
 
 
@@ -255,7 +254,7 @@ def cancel(obj: Any, job_id: str, job_dir: Path | None) -> None:
         found = _look(obj, number, job_dir)
         if found.ended:
             raise HpclaunchError(f"job {number} already ended ({found.state}); nothing to cancel")
-        marker = Path(found.job_dir) / requeue.CANCELLED_FILE if found.job_dir else None
+        marker = JobFolder(Path(found.job_dir)).cancelled if found.job_dir else None
         if marker is not None:
             try:
                 marker.write_text(f"{time.time()}\n")

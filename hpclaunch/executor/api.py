@@ -235,9 +235,10 @@ def _note_job(job_id: int, log_dir: Path, name: str) -> None:
     array's tasks get their own SLURM ids only when they start, so they are not)."""
     import time
 
+    from hpclaunch.jobdir.layout import JobFolder
     from hpclaunch.ops import registry
 
-    entry = registry.Entry(job_id, str(log_dir / str(job_id)), name, time.time(),
+    entry = registry.Entry(job_id, str(JobFolder.of(log_dir, job_id).root), name, time.time(),
                            None, str(Path.cwd()))  # fmt: skip
     try:
         registry.add(os.environ, entry)

@@ -20,16 +20,15 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
 
 from hpclaunch.errors import SlurmError
-from hpclaunch.executor.files import info_path
-from hpclaunch.jobdir import joblogs
+from hpclaunch.jobdir.layout import ExecutorFolder, JobFolder, RankFile, batch_log
 from hpclaunch.ops import status as jobstatus
 from hpclaunch.slurm.commands import Slurm
 
 R = TypeVar("R")
 
 # The state of a job that scontrol no longer knows, where there is no sacct.
-FORGOTTEN = "ENDED"
-INVALID_JOB = jobstatus.FORGOTTEN
+ENDED_STATE = "ENDED"
+INVALID_JOB = jobstatus.SCONTROL_INVALID_JOB
 LOG_TAIL_LINES = 40
 # After SLURM says the job ended, how long result() waits for rank 0's result
 # file to be visible (a shared filesystem may show it late).
@@ -71,7 +70,7 @@ class ScontrolWatcher(SlurmInfoWatcher):
                 if INVALID_JOB in forgotten.stderr:
                     # Ended longer ago than MinJobAge, and no accounting to ask: it
                     # runs no more (a controller that cannot be reached says otherwise).
-                    return {"State": FORGOTTEN, "JobId": job_id}
+                    return {"State": ENDED_STATE, "JobId": job_id}
                 return {}
         return {
             "State": fields.get("JobState", ""), "NodeList": fields.get("NodeList", ""),
@@ -88,7 +87,7 @@ class _HpclaunchLogs:
 
     def _info(self) -> dict[str, Any]:
         try:
-            data = json.loads(info_path(self._folder(), self.job_id).read_text())
+            data = json.loads(ExecutorFolder(self._folder()).info(self.job_id).read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -106,13 +105,17 @@ class _HpclaunchLogs:
     def job_dir(self) -> Path:
         """hpclaunch's folder of this job: rank logs, failure records, checkpoints."""
         given = self._info().get("job_dir")
-        return Path(given) if given else self._log_dir / self.slurm_job_id
+        return Path(given) if given else JobFolder.of(self._log_dir, self.slurm_job_id).root
 
     def rank_log(self, rank: int, kind: str = "out") -> Path | None:
         """The latest run's log of global ``rank``: ``kind`` is ``out``, ``err`` or
-        ``json`` (torch's error file). None while there is none."""
-        for attempt in reversed(joblogs.attempts(self.job_dir)):
-            path = joblogs.rank_file(attempt.folder, rank, kind)
+        ``json`` (torch's error file). None while there is none. Raises ValueError for
+        another ``kind``."""
+        kinds = {k.value: k for k in RankFile}
+        if kind not in kinds:
+            raise ValueError(f"rank_log(kind={kind!r}): give one of {', '.join(kinds)}")
+        for attempt in reversed(JobFolder(self.job_dir).attempts()):
+            path = attempt.rank_file(rank, kinds[kind])
             if path.exists():
                 return path
         return None
@@ -132,7 +135,7 @@ class _HpclaunchLogs:
             return None
         return FailedJobError(
             f"job {self.job_id} failed:\n{str(block).rstrip()}\n"
-            f"every rank's log: {self.job_dir / 'logs'}; the job's: {self._own_log()}"
+            f"every rank's log: {JobFolder(self.job_dir).logs}; the job's: {self._own_log()}"
         )
 
     def _own_log(self) -> Path:
@@ -156,7 +159,7 @@ class Job(_HpclaunchLogs, _SubmititSlurmJob[R]):
     @property
     def batch_log(self) -> Path:
         """The batch step's log: the supervisor's and every agent's output."""
-        return self._log_dir / f"{self._job_name}-{self.slurm_job_id}.out"
+        return batch_log(self._log_dir, self._job_name, self.slurm_job_id)
 
     def _own_log(self) -> Path:
         return self.batch_log

@@ -28,6 +28,7 @@ from hpclaunch import checkpoint
 from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.job.spec import EntryKind, Rendezvous
 from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 from hpclaunch.slurm.env import NodeContext, derive_port
 
 LOOPBACK = "127.0.0.1"
@@ -36,13 +37,12 @@ JOB_ID_VAR = "SUBMITIT_LOCAL_JOB_ID"
 # how often it does at most, and the signal it sends before the time limit.
 REQUEUE_STATUS = 144
 TIME_LIMIT_SIGNAL = signal.SIGUSR2
-REQUEUES_FILE = "local-requeues"
 log = logging.getLogger("hpclaunch.executor")
 
 
-def _requeues(job_dir: Path) -> int:
+def _requeues(job: JobFolder) -> int:
     try:
-        return int((job_dir / REQUEUES_FILE).read_text())
+        return int(job.local_requeues.read_text())
     except (OSError, ValueError):
         return 0
 
@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     folder, settings_path = Path(args[0]), Path(args[1])
     settings = LocalSettings.read(settings_path)
     job_id = int(os.environ[JOB_ID_VAR])
-    job_dir = Path(settings.log_dir) / str(job_id)
+    job = JobFolder.of(settings.log_dir, job_id)
+    job_dir = job.root
     job_dir.mkdir(parents=True, exist_ok=True)
-    requeue = _requeues(job_dir)
+    requeue = _requeues(job)
     logging.basicConfig(
         level=logging.INFO, format=f"hpclaunch[local job {job_id}]: %(message)s", force=True
     )
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     # replace inherited ones (a driver running inside another job has its own).
     os.environ.update(settings.env)
     os.environ.update({
-        "HPCLAUNCH_JOB_DIR": str(job_dir),
-        checkpoint.ENV_VAR: settings.checkpoint_dir or str(job_dir / "checkpoints"),
+        JOB_DIR_VAR: str(job_dir),
+        checkpoint.ENV_VAR: settings.checkpoint_dir or str(job.checkpoints),
         # Supervised: the agent leaves its root-cause block in the job folder, where
         # job.result() reads it; it is printed below too, as the supervisor would.
         failures.SUPERVISED_VAR: "1",
@@ -90,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     status = agent.launch(ctx, opts, launch, os.environ)
     if status == 128 + TIME_LIMIT_SIGNAL:
         if requeue < settings.max_requeues:
-            (job_dir / REQUEUES_FILE).write_text(f"{requeue + 1}\n")
+            job.local_requeues.write_text(f"{requeue + 1}\n")
             log.info("time limit: requeue %d of %d", requeue + 1, settings.max_requeues)
             return REQUEUE_STATUS
         log.error(
             "time limit reached with no requeue left (max_requeues=%d); no result",
             settings.max_requeues,
         )
-    for block in sorted(failures.folder(job_dir, requeue).glob("root-cause-*.txt")):
+    for block in job.root_causes(requeue):
         sys.stderr.write(block.read_text(errors="replace"))
     settings_path.unlink(missing_ok=True)  # the job is over: no further run reads it
     return status

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 from hpclaunch import checkpoint
-from hpclaunch.executor.files import finished_dir, finished_root, info_path
+from hpclaunch.jobdir.layout import JOB_DIR_VAR, ExecutorFolder
 
 log = logging.getLogger("hpclaunch.executor")
 
@@ -113,9 +113,9 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
     job_id = JobEnvironment().job_id
     paths = JobPaths(folder, job_id=job_id, task_id=0)
     if rank == 0:
-        _write_json(info_path(folder, job_id), {
+        _write_json(ExecutorFolder(folder).info(job_id), {
             "slurm_job_id": environ.get("SLURM_JOB_ID"),
-            "job_dir": environ.get("HPCLAUNCH_JOB_DIR"),
+            "job_dir": environ.get(JOB_DIR_VAR),
             "requeue": int(environ.get("HPCLAUNCH_REQUEUE_COUNT") or 0),
         })  # fmt: skip
     _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
@@ -128,14 +128,14 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
         if checkpoint.stop_received() is not None:
             log.info("rank %d: returned after a stop signal; no result", rank)
             return 0
-        finished = finished_dir(folder, job_id, environ)
+        finished = ExecutorFolder(folder).finished(job_id, environ)
         _mark_finished(finished, rank)
         if rank == 0:
             if not _all_finished(finished, int(environ["WORLD_SIZE"])):
                 log.info("rank 0: stopped while waiting for the other ranks; no result")
                 return 0
             # The markers go first: once the result is there, the job is done.
-            shutil.rmtree(finished_root(folder, job_id), ignore_errors=True)
+            shutil.rmtree(ExecutorFolder(folder).finished_root(job_id), ignore_errors=True)
             record(_dump_result)(paths.result_pickle, result)
     except Stopped as stopped:
         log.info("rank %d: stopped by %s; no result", rank, stopped)

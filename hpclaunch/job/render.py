@@ -23,6 +23,7 @@ from hpclaunch._version import __version__
 from hpclaunch.errors import TemplateError
 from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
 from hpclaunch.job.values import format_time
+from hpclaunch.jobdir import layout
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 BUILTIN_PREFIX = "hpclaunch/"
@@ -158,7 +159,11 @@ def directives(spec: JobSpec) -> list[Shell]:
         Shell("--open-mode=append"),
         _option("signal", f"B:USR1@{spec.signal_lead_s}", sbatch_quote),
         # %% keeps a '%' of the folder name from being read as a SLURM pattern.
-        _option("output", f"{_log_dir(spec).replace('%', '%%')}/%x-%j.out", sbatch_quote),
+        _option(
+            "output",
+            f"{_log_dir(spec).replace('%', '%%')}/{layout.BATCH_LOG_PATTERN}",
+            sbatch_quote,
+        ),
     ]
     out += [_option(k, v, sbatch_quote) for k, v in spec.sbatch_options]
     return out
@@ -196,7 +201,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
     checkpoint_dir = (
         _runtime_path(spec.checkpoint_dir)
         if spec.checkpoint_dir is not None
-        else Shell('"$HPCLAUNCH_JOB_DIR"/checkpoints')
+        else Shell(f'"${layout.JOB_DIR_VAR}"/{layout.CHECKPOINTS}')
     )
     supervisor = words(
         "hpclaunch", "supervise", "--max-requeues", str(spec.max_requeues),

@@ -3,7 +3,7 @@ them. Pure: no torch, no SLURM calls.
 
 Every time a node's worker group fails, its agent writes one record::
 
-    JOB_DIR/failures/requeue-Q/attempt-A/node-HOST.json
+    JOB_DIR/failures/requeue-Q/attempt-A/node-HOST.json   (see hpclaunch.jobdir.layout)
 
 with the failed workers' ranks, exit codes and one-line messages (the last line of
 each traceback, else of the rank's stderr). When the job step has failed, the
@@ -23,8 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpclaunch.checkpoint import write_atomic
+from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.joblogs import Failure, describe_exit, traceback_of
+from hpclaunch.jobdir.layout import JobFolder
 
 # What a worker reports when a *peer* died: it failed because another one did. gloo,
 # NCCL and the c10d store word it differently; the agent's own SIGTERM is one too.
@@ -69,17 +70,11 @@ def message_of(failure: Failure) -> str:
     return last or describe_exit(failure.exitcode)
 
 
-def folder(job_dir: Path, requeue_count: int) -> Path:
-    return job_dir / "failures" / f"requeue-{requeue_count}"
-
-
 def write(job_dir: Path, record: NodeRecord) -> Path:
-    """Write ``record`` atomically; returns its path."""
-    target = folder(job_dir, record.requeue_count) / f"attempt-{record.attempt}"
-    target.mkdir(parents=True, exist_ok=True)
-    path = target / f"node-{record.node}.json"
-    data = (json.dumps(asdict(record), indent=2) + "\n").encode()
-    write_atomic(path, lambda handle: handle.write(data), replace=True)
+    """Write ``record`` atomically; returns its path. Raises OSError."""
+    path = JobFolder(job_dir).failure_record(record.requeue_count, record.attempt, record.node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, (json.dumps(asdict(record), indent=2) + "\n").encode())
     return path
 
 
@@ -96,7 +91,7 @@ def record_of(
 def read(job_dir: Path, requeue_count: int) -> list[NodeRecord]:
     """Every record of one run of the job; unreadable files are skipped."""
     out = []
-    for path in sorted(folder(job_dir, requeue_count).glob("attempt-*/node-*.json")):
+    for path in JobFolder(job_dir).failure_records(requeue_count):
         try:
             data = json.loads(path.read_text())
             workers = tuple(WorkerFailure(**w) for w in data.pop("workers"))
@@ -109,17 +104,26 @@ def read(job_dir: Path, requeue_count: int) -> list[NodeRecord]:
 SUPERVISED_VAR = "HPCLAUNCH_SUPERVISED"  # set by the supervisor for the agents of its step
 
 
-def block_path(job_dir: Path, requeue_count: int, node: str) -> Path:
-    """Where a supervised agent leaves its root-cause block for the supervisor."""
-    return folder(job_dir, requeue_count) / f"root-cause-{node}.txt"
-
-
 def write_block(job_dir: Path, requeue_count: int, node: str, block: str) -> Path:
-    path = block_path(job_dir, requeue_count, node)
+    """Leave ``block`` where the supervisor looks for ``node``'s root cause; returns its
+    path. Raises OSError."""
+    path = JobFolder(job_dir).root_cause(requeue_count, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (block + "\n").encode()
-    write_atomic(path, lambda handle: handle.write(data), replace=True)
+    write_bytes_atomic(path, (block + "\n").encode())
     return path
+
+
+def read_block(job_dir: Path, requeue_count: int, node: str | None) -> str | None:
+    """One root-cause block of a run: ``node``'s, else the first other one readable
+    (srun may have stopped that node's agent before it gave up); None when none is."""
+    layout = JobFolder(job_dir)
+    first = [layout.root_cause(requeue_count, node)] if node else []
+    for path in [*first, *layout.root_causes(requeue_count)]:
+        try:
+            return path.read_text(errors="replace")
+        except OSError:
+            continue
+    return None
 
 
 def culprit(records: Sequence[NodeRecord], finding: Finding) -> str | None:

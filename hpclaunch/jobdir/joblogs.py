@@ -1,16 +1,7 @@
-"""Where a job's per-rank logs live, and the root-cause block of a failed node. Pure:
-no torch, no SLURM calls, so the login-node commands can read what the agents wrote.
-
-Layout, under the job folder (``HPCLAUNCH_JOB_DIR``, ``LOG_DIR/JOBID`` by default)::
-
-    logs/requeue-Q/step-S/attempt-A/rank-R.out    the rank's stdout
-    logs/requeue-Q/step-S/attempt-A/rank-R.err    its stderr
-    logs/requeue-Q/step-S/attempt-A/rank-R.json   torch's error file (scripts using @record)
-    logs/requeue-Q/step-S/attempt-A/node-NAME.ranks   the global ranks node NAME ran (JSON)
-
-Q is SLURM's requeue count, S the job step, A the worker group's attempt (the
-rendezvous round, the same on every node), R the global rank. No run overwrites
-another's files.
+"""What the per-rank logs say when workers fail: the traceback of a failed rank and
+the root-cause block of a failed node. Pure: no torch, no SLURM calls, so the
+login-node commands can read what the agents wrote. Where the logs are is
+``hpclaunch.jobdir.layout``'s business.
 """
 
 from __future__ import annotations
@@ -18,89 +9,17 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hpclaunch.job.spec import DEFAULT_LOG_DIR
-
-JOB_DIR_VAR = "HPCLAUNCH_JOB_DIR"
 ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
 TRACEBACK_START = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES = 60
 TAIL_LINES = 20
 # torch.distributed prefixes a worker's uncaught traceback with its rank.
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
-
-
-def job_dir(env: Mapping[str, str], job_id: int) -> Path:
-    """The job folder: ``HPCLAUNCH_JOB_DIR`` (set by the rendered script), else the
-    folder ``hpclaunch sbatch`` uses by default, relative to the working directory."""
-    given = env.get(JOB_DIR_VAR, "").strip()
-    return Path(given) if given else Path(DEFAULT_LOG_DIR, str(job_id))
-
-
-def attempt_dir(job: Path, requeue: int, step: str, attempt: int) -> Path:
-    return job / "logs" / f"requeue-{requeue}" / f"step-{step}" / f"attempt-{attempt}"
-
-
-def rank_file(folder: Path, rank: int, kind: str) -> Path:
-    """``kind``: ``out``, ``err`` or ``json`` (the error file)."""
-    return folder / f"rank-{rank}.{kind}"
-
-
-def write_node_ranks(folder: Path, node: str, ranks: Sequence[int]) -> None:
-    (folder / f"node-{node}.ranks").write_text(json.dumps(list(ranks)) + "\n")
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One attempt's log folder: the ``requeue`` count, the job ``step`` (SLURM's step
-    id, or ``batch``) and the ``attempt`` (the rendezvous round)."""
-
-    requeue: int
-    step: str
-    attempt: int
-    folder: Path
-
-    @property
-    def label(self) -> str:
-        return f"requeue {self.requeue}, step {self.step}, attempt {self.attempt}"
-
-    def node_ranks(self) -> dict[str, list[int]]:
-        """Node name -> the global ranks it ran in this attempt (from the agents' notes)."""
-        found: dict[str, list[int]] = {}
-        for path in self.folder.glob("node-*.ranks"):
-            try:
-                ranks = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(ranks, list):
-                found[path.name[len("node-") : -len(".ranks")]] = [int(r) for r in ranks]
-        return found
-
-
-def attempts(job: Path) -> list[Attempt]:
-    """Every attempt's log folder in the job folder, oldest first."""
-    found = []
-    for folder in job.glob("logs/requeue-*/step-*/attempt-*"):
-        requeue, attempt = _suffix(folder.parents[1].name), _suffix(folder.name)
-        step = folder.parent.name.removeprefix("step-")
-        if requeue is not None and attempt is not None and folder.is_dir():
-            found.append(Attempt(requeue, step, attempt, folder))
-    return sorted(found, key=lambda a: (a.requeue, _step_order(a.step), a.attempt))
-
-
-def _step_order(step: str) -> tuple[int, int]:
-    """Job steps in the order they ran: the batch step ("batch") before srun's 0, 1, ..."""
-    return (1, int(step)) if step.isdigit() else (0, 0)
-
-
-def _suffix(name: str) -> int | None:
-    """``attempt-3`` -> 3; None for a name of another form."""
-    _, _, number = name.rpartition("-")
-    return int(number) if number.isdigit() else None
 
 
 @dataclass(frozen=True)

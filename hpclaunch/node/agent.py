@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpclaunch.errors import SlurmError
 from hpclaunch.jobdir import failures, joblogs
+from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node.options import (
     HANDLED_SIGNALS,
     AgentOptions,
@@ -89,8 +90,9 @@ def etcd_sidecar(
 
 
 def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:
-    """The job folder the per-rank logs go under (see hpclaunch.jobdir.joblogs)."""
-    return opts.job_dir if opts.job_dir is not None else joblogs.job_dir(env, ctx.job_id)
+    """The job folder the per-rank logs go under: --job-dir, else the environment's
+    (see hpclaunch.jobdir.layout.JobFolder.from_env)."""
+    return opts.job_dir if opts.job_dir is not None else JobFolder.from_env(env, ctx.job_id).root
 
 
 def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
@@ -220,20 +222,22 @@ def _launch(
     return 0
 
 
-def _failures(by_rank: Mapping[int, Any], folder: Path | None) -> list[joblogs.Failure]:
+def _failures(by_rank: Mapping[int, Any], folder: AttemptFolder | None) -> list[joblogs.Failure]:
     """torch's ProcessFailures as joblogs.Failure; ``folder`` holds the attempt's logs."""
     return [
         joblogs.Failure(
             rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, pid=f.pid,
             timestamp=f.timestamp,
-            error_file=str(joblogs.rank_file(folder, rank, "json")) if folder else "",
-            stderr_file=str(joblogs.rank_file(folder, rank, "err")) if folder else "",
+            error_file=str(folder.rank_file(rank, RankFile.ERROR)) if folder else "",
+            stderr_file=str(folder.rank_file(rank, RankFile.ERR)) if folder else "",
         )
         for rank, f in by_rank.items()
     ]  # fmt: skip
 
 
-def _root_cause(exc: Any, ctx: NodeContext, opts: AgentOptions, folder: Path | None) -> str:
+def _root_cause(
+    exc: Any, ctx: NodeContext, opts: AgentOptions, folder: AttemptFolder | None
+) -> str:
     """hpclaunch's root-cause block from torch's ChildFailedError."""
     return joblogs.root_cause_block(
         _failures(exc.failures, folder), job_id=ctx.job_id, host=ctx.hostname,

@@ -3,7 +3,7 @@
 torch's own ``DefaultLogsSpecs`` names files by *local* rank and by the agent's
 own restart count, under a random folder name, and deletes an attempt's folder
 when the same number comes round again. This one writes the layout of
-``hpclaunch.jobdir.joblogs`` (global ranks, the job-wide attempt) and never deletes.
+``hpclaunch.jobdir.layout`` (global ranks, the job-wide attempt) and never deletes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
-from hpclaunch.jobdir.joblogs import ATTEMPT_VAR, attempt_dir, rank_file, write_node_ranks
+from hpclaunch.jobdir.joblogs import ATTEMPT_VAR
+from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 
 
 class RankLogs(LogsSpecs):
@@ -25,15 +26,15 @@ class RankLogs(LogsSpecs):
     ) -> None:
         super().__init__(str(job_dir), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
         self._node = node
-        self._job_dir = job_dir
+        self._job = JobFolder(job_dir)
         self._requeue = requeue
         self._step = step
         self._copy = tee
-        self.folder: Path | None = None  # the latest attempt's folder
+        self.folder: AttemptFolder | None = None  # the latest attempt's folder
 
     @property
     def root_log_dir(self) -> str:
-        return str(self._job_dir / "logs")
+        return str(self._job.logs)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         # The rendezvous handler sets the job-wide attempt in the agent's environment
@@ -42,14 +43,14 @@ class RankLogs(LogsSpecs):
             os.environ.get(ATTEMPT_VAR)
             or next(iter(envs.values()), {}).get("TORCHELASTIC_RESTART_COUNT", "0")
         )
-        folder = attempt_dir(self._job_dir, self._requeue, self._step, attempt)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self._job.attempt(self._requeue, self._step, attempt)
+        folder.path.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         dest = LogsDest()
         for local_rank, env in envs.items():
             rank = int(env["RANK"])
-            out, err = rank_file(folder, rank, "out"), rank_file(folder, rank, "err")
-            error_file = rank_file(folder, rank, "json")
+            out, err = folder.rank_file(rank, RankFile.OUT), folder.rank_file(rank, RankFile.ERR)
+            error_file = folder.rank_file(rank, RankFile.ERROR)
             dest.stdouts[local_rank] = str(out)
             dest.stderrs[local_rank] = str(err)
             dest.error_files[local_rank] = str(error_file)
@@ -60,7 +61,7 @@ class RankLogs(LogsSpecs):
             env[ATTEMPT_VAR] = str(attempt)
         if self._node is not None:  # which ranks this node ran, for `hpclaunch logs --node`
             ranks = sorted(int(env["RANK"]) for env in envs.values())
-            write_node_ranks(folder, self._node, ranks)
+            folder.write_node_ranks(self._node, ranks)
         return dest
 
     def __repr__(self) -> str:

@@ -17,9 +17,10 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.errors import SlurmError, SlurmNotFound
-from hpclaunch.jobdir import failures, joblogs
+from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
+from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import registry
-from hpclaunch.recovery import policy as requeue
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
 
@@ -32,17 +33,17 @@ FINAL_STATES = frozenset({
 # A run that ended the job, by what the supervisor did next and why: the state to show
 # once SLURM has forgotten the job. After a requeue the job is not over.
 _ENDING_ACTIONS = {
-    requeue.Action.NONE.value,
-    requeue.Action.GIVE_UP.value,
-    requeue.Action.REQUEUE_FAILED.value,
+    Action.NONE.value,
+    Action.GIVE_UP.value,
+    Action.REQUEUE_FAILED.value,
 }
-_REQUEUED_ACTIONS = {requeue.Action.REQUEUE.value, requeue.Action.SLURM_REQUEUES.value}
+_REQUEUED_ACTIONS = {Action.REQUEUE.value, Action.SLURM_REQUEUES.value}
 _HISTORY_STATES = {
-    requeue.Reason.COMPLETED.value: "COMPLETED",
-    requeue.Reason.CANCELLED.value: "CANCELLED",
+    Reason.COMPLETED.value: "COMPLETED",
+    Reason.CANCELLED.value: "CANCELLED",
 }
 # scontrol's answer for a job it no longer remembers (ended longer ago than MinJobAge).
-FORGOTTEN = "Invalid job id"
+SCONTROL_INVALID_JOB = "Invalid job id"
 
 
 def history_state(action: str | None, reason: str | None) -> str | None:
@@ -51,7 +52,7 @@ def history_state(action: str | None, reason: str | None) -> str | None:
     if action in _REQUEUED_ACTIONS:
         return "REQUEUED"
     if action in _ENDING_ACTIONS:
-        if action == requeue.Action.NONE.value:
+        if action == Action.NONE.value:
             return _HISTORY_STATES.get(reason or "", "FAILED")
         return "FAILED"
     return None
@@ -156,9 +157,9 @@ def gather(
 
 def _batch_log(log_dir: Path, job_id: int, name: str | None) -> str | None:
     """``LOG_DIR/NAME-JOBID.out``, the rendered script's --output."""
-    if name is not None and (log_dir / f"{name}-{job_id}.out").exists():
-        return str(log_dir / f"{name}-{job_id}.out")
-    found = sorted(log_dir.glob(f"*-{job_id}.out"))
+    if name is not None and batch_log(log_dir, name, job_id).exists():
+        return str(batch_log(log_dir, name, job_id))
+    found = sorted(log_dir.glob(batch_log(Path(), "*", job_id).name))
     return str(found[0]) if found else None
 
 
@@ -169,7 +170,7 @@ def locate(job_id: int, entry: registry.Entry | None, fields: Mapping[str, str])
         return Path(entry.job_dir)
     out = fields.get("StdOut", "")
     if out.startswith("/"):
-        return Path(out).parent / str(job_id)
+        return JobFolder.of(Path(out).parent, job_id).root
     return None
 
 
@@ -186,7 +187,7 @@ def _slurm_fields(job_id: int, slurm: Slurm, status: JobStatus) -> dict[str, str
         status.notes.append("SLURM's commands are not on PATH here; showing the job folder only")
         return {}
     except SlurmError as exc:
-        forgotten = FORGOTTEN in exc.stderr
+        forgotten = SCONTROL_INVALID_JOB in exc.stderr
         try:
             accounted = slurm.accounted_job(job_id)
         except SlurmError as sacct:
@@ -229,8 +230,8 @@ def _hosts(hostlist: str) -> list[str]:
 
 def _from_folder(folder: Path, status: JobStatus) -> None:
     try:
-        history = requeue.History.load(folder, status.job_id)
-    except requeue.HistoryError as exc:
+        history = History.load(folder, status.job_id)
+    except HistoryError as exc:
         status.notes.append(str(exc))
         history = None
     if history is not None and history.runs:
@@ -246,13 +247,13 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
             status.excluded += [Exclusion(node, why) for node in run.excluded]
     elif history is not None:
         status.notes.append(f"no history.json in {folder} yet (the job has not started)")
-    found = joblogs.attempts(folder)
+    found = JobFolder(folder).attempts()
     status.attempts_total = len(found)
     if found:
         latest = found[-1].requeue
         status.attempts = len({(a.step, a.attempt) for a in found if a.requeue == latest})
     ckpt_dir = Path(history.checkpoint_dir) if history and history.checkpoint_dir else None
-    ckpt_dir = ckpt_dir or folder / "checkpoints"
+    ckpt_dir = ckpt_dir or JobFolder(folder).checkpoints
     status.checkpoint_dir = str(ckpt_dir)
     try:
         complete = checkpoint.complete(ckpt_dir)
@@ -268,33 +269,20 @@ def root_cause(folder: Path, runs: Sequence[RunSummary] = ()) -> str | None:
     """The root-cause block of the latest run that has one (of the latest of ``runs``
     only, when given): the culprit's, as the supervisor printed it (the first bad
     node, else the earliest error of its own)."""
-    numbered = sorted(
-        (number, path)
-        for path in (folder / "failures").glob("requeue-*")
-        if (number := _number(path.name)) is not None
-    )
+    layout = JobFolder(folder)
     latest = max((r.requeue for r in runs), default=None)
-    for requeue_count, run in reversed(numbered):
+    for requeue_count, _ in reversed(layout.failure_runs()):
         if latest is not None and requeue_count != latest:
             return None  # an earlier run's failure is not why the job is where it is
-        blocks = sorted(run.glob("root-cause-*.txt"))
-        if not blocks:
+        if not layout.root_causes(requeue_count):
             continue
         records = failures.read(folder, requeue_count)
         nodes = next((r.nodes for r in runs if r.requeue == requeue_count), [])
         node = failures.culprit(records, failures.classify(records, nodes))
-        chosen = failures.block_path(folder, requeue_count, node) if node else None
-        for block in ([chosen] if chosen in blocks else []) + blocks:
-            try:
-                return block.read_text(errors="replace").rstrip()
-            except OSError:
-                continue
+        block = failures.read_block(folder, requeue_count, node)
+        if block is not None:
+            return block.rstrip()
     return None
-
-
-def _number(name: str) -> int | None:
-    _, _, number = name.rpartition("-")
-    return int(number) if number.isdigit() else None
 
 
 def exit_status(status: JobStatus) -> int:

@@ -27,6 +27,8 @@ from hpclaunch.checkpoint import ENV_VAR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES, DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.history import History, finish
+from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
@@ -156,7 +158,7 @@ def supervise(
         requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
         history = None
         if job_dir is not None:
-            history = requeue.History.load(job_dir, job_id, max_requeues)
+            history = History.load(job_dir, job_id, max_requeues)
             history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or history.checkpoint_dir
         run = history.start(env, requeue_count) if history is not None else None
 
@@ -169,7 +171,7 @@ def supervise(
                 error = finding.message if finding is not None and finding.message else None
                 if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
                     error = f"node lost ({', '.join(d.exclude)} down or not responding)"
-                requeue.finish(run, status, first_signal, d, error)
+                finish(run, status, first_signal, d, error)
                 history.save(job_dir)
 
         def by_slurm() -> requeue.Decision:
@@ -212,7 +214,7 @@ def supervise(
                 result.status, result.first_signal, requeue_count, restarts, max_requeues,
                 finding, history.failure_requeues if history else 0, max_failure_requeues,
                 history.exclusion_errors if history else (),
-                job_dir is not None and (job_dir / requeue.CANCELLED_FILE).exists(),
+                job_dir is not None and JobFolder(job_dir).cancelled.exists(),
             )
         )  # fmt: skip
         if decision.action is requeue.Action.REQUEUE:
@@ -285,16 +287,10 @@ def _keep_lost_out(
 def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> None:
     """One root-cause block for the job: the one ``node``'s agent left, else any
     (srun may have stopped that node's agent before it gave up)."""
-    first = [failures.block_path(job_dir, requeue_count, node)] if node else []
-    others = sorted(failures.folder(job_dir, requeue_count).glob("root-cause-*.txt"))
-    for path in [*first, *others]:
-        try:
-            block = path.read_text()
-        except OSError:
-            continue
+    block = failures.read_block(job_dir, requeue_count, node)
+    if block is not None:
         sys.stderr.write(block)
         sys.stderr.flush()
-        return
 
 
 def _step_nodes(env: Mapping[str, str]) -> list[str]:

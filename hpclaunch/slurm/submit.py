@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.slurm.commands import Slurm
 
 log = logging.getLogger(__name__)
-
-SCRIPT_NAME = "job.sbatch"
 
 
 @dataclass(frozen=True)
@@ -71,9 +70,8 @@ def submit(script: str, log_dir: Path, slurm: Slurm, *, cwd: Path) -> Submission
             except OSError:
                 break  # something else was put there meanwhile: keep it
         raise
-    job_dir = log_dir / str(job.job_id)
-    job_dir.mkdir(exist_ok=True)  # the job itself may have created it already
-    script_path = job_dir / SCRIPT_NAME
-    os.replace(staged, script_path)
-    log.info("job %s: submitted, script kept at %s", job.job_id, script_path)
-    return Submission(job.job_id, job.cluster, job_dir, script_path)
+    kept = JobFolder.of(log_dir, job.job_id)
+    kept.root.mkdir(exist_ok=True)  # the job itself may have created it already
+    os.replace(staged, kept.script)
+    log.info("job %s: submitted, script kept at %s", job.job_id, kept.script)
+    return Submission(job.job_id, job.cluster, kept.root, kept.script)

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import SpecError
-from hpclaunch.executor.files import finished_dir
 from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.executor.params import (
     WORKER_MODULE,
@@ -21,6 +20,7 @@ from hpclaunch.job.profiles import Profile
 from hpclaunch.job.render import render
 from hpclaunch.job.spec import EntryKind, Rendezvous
 from hpclaunch.job.values import NodeRange
+from hpclaunch.jobdir.layout import ExecutorFolder
 
 FOLDER = Path("/shared/runs/sweep 1")
 
@@ -169,7 +169,8 @@ def test_every_node_names_a_run_alike() -> None:
     node_a = {"HPCLAUNCH_REQUEUE_COUNT": "1", "SLURM_STEP_ID": "0", "HPCLAUNCH_ATTEMPT": "2",
               "TORCHELASTIC_RESTART_COUNT": "1"}  # fmt: skip
     node_b = {**node_a, "TORCHELASTIC_RESTART_COUNT": "0"}  # per agent: differs
-    assert finished_dir(FOLDER, "7", node_a) == finished_dir(FOLDER, "7", node_b)
-    assert finished_dir(FOLDER, "7", node_a).name == "1-0-2"
+    finished_dir = ExecutorFolder(FOLDER).finished
+    assert finished_dir("7", node_a) == finished_dir("7", node_b)
+    assert finished_dir("7", node_a).name == "1-0-2"
     later = {**node_a, "HPCLAUNCH_ATTEMPT": "3"}
-    assert finished_dir(FOLDER, "7", later) != finished_dir(FOLDER, "7", node_a)
+    assert finished_dir("7", later) != finished_dir("7", node_a)

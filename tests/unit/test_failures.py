@@ -9,8 +9,9 @@ import pytest
 
 from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.failures import Finding, NodeRecord, Verdict, WorkerFailure, classify
+from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.joblogs import Failure
-from hpclaunch.recovery.policy import Action, Decision, Reason, Situation, decide
+from hpclaunch.recovery.policy import Decision, Situation, decide
 
 PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:3344."
 BAD = "rank 2: node n2 is bad"

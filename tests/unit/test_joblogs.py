@@ -1,4 +1,4 @@
-"""Per-rank log layout and the root-cause block: plain values and files in tmp_path."""
+"""Tracebacks of failed ranks and the root-cause block: plain values and files in tmp_path."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import pytest
 
 from hpclaunch.jobdir.joblogs import (
     Failure,
-    attempt_dir,
     describe_exit,
-    job_dir,
-    rank_file,
     root_cause_block,
     traceback_of,
 )
@@ -23,14 +20,6 @@ TRACE = [
     '[rank3]:   File "train.py", line 9, in <module>',
     "[rank3]: ValueError: bad batch",
 ]
-
-
-def test_layout() -> None:
-    assert job_dir({}, 12) == Path("hpclaunch-logs/12")
-    assert job_dir({"HPCLAUNCH_JOB_DIR": "/s/12"}, 12) == Path("/s/12")
-    folder = attempt_dir(Path("/s/12"), 1, "0", 2)
-    assert folder == Path("/s/12/logs/requeue-1/step-0/attempt-2")
-    assert rank_file(folder, 7, "err") == folder / "rank-7.err"
 
 
 @pytest.mark.parametrize(

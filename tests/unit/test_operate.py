@@ -13,11 +13,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hpclaunch.cli import CliContext, main
-from hpclaunch.jobdir.joblogs import attempts, write_node_ranks
+from hpclaunch.jobdir.history import Action, History, Reason, Run, finish
+from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.ops import registry
 from hpclaunch.ops.follow import Tail, changes, watch
 from hpclaunch.ops.status import Exclusion, JobStatus, exit_status, gather
-from hpclaunch.recovery import policy as requeue
+from hpclaunch.recovery.policy import Decision
 from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
 JOB = 812
@@ -43,11 +44,11 @@ def no_sacct(argv: tuple[str, ...]) -> CommandResult:
 def job_folder(root: Path) -> Path:
     """A job folder as a run that lost n2, then was requeued and is running, leaves it."""
     folder = root / "logs" / str(JOB)
-    history = requeue.History(JOB, 3, checkpoint_dir=str(folder / "ckpt"))
+    history = History(JOB, 3, checkpoint_dir=str(folder / "ckpt"))
     history.runs = [
-        requeue.Run(0, "n[1-3]", 1000.0, 1060.0, 1, None, "bad nodes", "requeue", ["n2"],
+        Run(0, "n[1-3]", 1000.0, 1060.0, 1, None, "bad nodes", "requeue", ["n2"],
                     "RuntimeError: CUDA error"),
-        requeue.Run(1, "n[1,3-4]", 1100.0),
+        Run(1, "n[1,3-4]", 1100.0),
     ]  # fmt: skip
     history.save(folder)
     for requeue_count, attempt, nodes in ((0, 0, {"n1": [0, 1], "n2": [2, 3]}),
@@ -56,7 +57,7 @@ def job_folder(root: Path) -> Path:
         logs = folder / "logs" / f"requeue-{requeue_count}" / "step-0" / f"attempt-{attempt}"
         logs.mkdir(parents=True)
         for node, ranks in nodes.items():
-            write_node_ranks(logs, node, ranks)
+            (logs / f"node-{node}.ranks").write_text(json.dumps(ranks) + "\n")
             for rank in ranks:
                 (logs / f"rank-{rank}.out").write_text(f"r{requeue_count}a{attempt} rank {rank}\n")
     (folder / "ckpt").mkdir()
@@ -107,9 +108,9 @@ def test_status_from_the_folder_alone_once_slurm_forgot(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
     folder = job_folder(tmp_path)
-    history = requeue.History.load(folder, JOB, 3)
-    requeue.finish(history.runs[-1], 0, None, requeue.Decision(
-        requeue.Action.NONE, requeue.Reason.COMPLETED, 0))  # fmt: skip
+    history = History.load(folder, JOB, 3)
+    finish(history.runs[-1], 0, None, Decision(
+        Action.NONE, Reason.COMPLETED, 0))  # fmt: skip
     history.save(folder)
     slurm = Slurm(FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}))
     status = gather(JOB, slurm, env, folder)
@@ -130,7 +131,7 @@ def test_status_without_the_folder_names_the_fix(env: dict[str, str]) -> None:
 
 def test_attempts_are_in_run_order(tmp_path: Path) -> None:
     folder = job_folder(tmp_path)
-    found = attempts(folder)
+    found = JobFolder(folder).attempts()
     assert [(a.requeue, a.step, a.attempt) for a in found] == [
         (0, "0", 0),
         (0, "0", 1),
@@ -257,7 +258,7 @@ def test_cancel_notes_it_for_the_supervisor_then_scancels(
     assert result.exit_code == 0, result.output
     assert result.stdout == f"job {JOB}: cancelled (was RUNNING on n1); it will not be requeued\n"
     assert ("scancel", str(JOB)) in fake.calls
-    assert (folder / requeue.CANCELLED_FILE).exists()
+    assert (folder / "cancelled").exists()
 
 
 def test_a_refused_cancel_leaves_no_note(tmp_path: Path, env: dict[str, str]) -> None:
@@ -269,7 +270,7 @@ def test_a_refused_cancel_leaves_no_note(tmp_path: Path, env: dict[str, str]) ->
     refused = FakeRunner({"scontrol": scontrol(JobState="RUNNING"), "scancel": denied})
     result = cli(tmp_path, env, refused, "cancel", "--job-dir", str(folder), str(JOB))
     assert result.exit_code == 3 and "Access denied" in result.stderr
-    assert not (folder / requeue.CANCELLED_FILE).exists()
+    assert not (folder / "cancelled").exists()
     ended = FakeRunner({"scontrol": scontrol(JobState="COMPLETED")})
     result = cli(tmp_path, env, ended, "cancel", "--job-dir", str(folder), str(JOB))
     assert result.exit_code == 1 and "already ended (COMPLETED); nothing to cancel" in result.stderr
@@ -313,9 +314,9 @@ def test_history_tells_the_state_only_once_slurm_forgot(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
     folder = job_folder(tmp_path)
-    history = requeue.History.load(folder, JOB)
-    requeue.finish(history.runs[-1], 1, None, requeue.Decision(
-        requeue.Action.REQUEUE, requeue.Reason.BAD_NODES, 0, ("n3",)))  # fmt: skip
+    history = History.load(folder, JOB)
+    finish(history.runs[-1], 1, None, Decision(
+        Action.REQUEUE, Reason.BAD_NODES, 0, ("n3",)))  # fmt: skip
     history.save(folder)
 
     def timed_out(argv: tuple[str, ...]) -> CommandResult:
@@ -329,8 +330,8 @@ def test_history_tells_the_state_only_once_slurm_forgot(
     # Requeued, then forgotten: cancelled while pending, or lost; it is over, without a verdict.
     assert (status.state, status.state_source) == ("ENDED", "history") and status.ended
     assert "did not record how it ended" in status.notes[-1]
-    requeue.finish(history.runs[-1], 1, None, requeue.Decision(
-        requeue.Action.REQUEUE_FAILED, requeue.Reason.TIME_LIMIT, 3))  # fmt: skip
+    finish(history.runs[-1], 1, None, Decision(
+        Action.REQUEUE_FAILED, Reason.TIME_LIMIT, 3))  # fmt: skip
     history.save(folder)
     assert gather(JOB, forgot, env, folder).state == "FAILED"
 

@@ -8,16 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.recovery.policy import (
-    Action,
-    Decision,
-    History,
-    HistoryError,
-    Reason,
-    Situation,
-    decide,
-    finish,
-)
+from hpclaunch.jobdir.history import Action, History, HistoryError, Reason, finish
+from hpclaunch.recovery.policy import Decision, Situation, decide
 from hpclaunch.slurm.commands import parse_show_job
 
 S, D = Situation, Decision

@@ -1,0 +1,160 @@
+"""The job's history (``history.json`` in the job folder): every run of the job, why
+it ended and what the supervisor did then. ``Reason`` and ``Action`` are the words
+stored there; ``hpclaunch.recovery.policy`` decides with them. No torch, no SLURM.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir.atomic import write_bytes_atomic
+from hpclaunch.jobdir.layout import JobFolder
+
+
+class Reason(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"  # the step failed by itself
+    TIME_LIMIT = "time limit"  # SLURM's warning signal before the time limit
+    REQUEUED_BY_SLURM = "requeued by SLURM"  # scontrol requeue, preemption, a lost node
+    CANCELLED = "cancelled"  # scancel, or the time limit itself
+    OVER_BUDGET = "over the requeue budget"
+    BAD_NODES = "bad nodes"  # some nodes' workers failed with errors of their own
+    BUG = "the same error on every node"  # a bug in the script: no requeue helps
+
+
+class Action(enum.Enum):
+    NONE = "none"  # the job ends with the step's status
+    REQUEUE = "requeue"  # the supervisor runs scontrol requeue
+    REQUEUE_FAILED = "requeue failed"  # scontrol requeue refused; the job ends
+    SLURM_REQUEUES = "SLURM requeues"  # SLURM already is; nothing to do
+    GIVE_UP = "give up"  # a requeue was due but the budget is spent
+
+
+class Outcome(Protocol):
+    """What ``finish`` records of a decision (``hpclaunch.recovery.policy.Decision``)."""
+
+    @property
+    def action(self) -> Action: ...
+    @property
+    def reason(self) -> Reason: ...
+    @property
+    def exclude(self) -> tuple[str, ...]: ...
+
+
+@dataclass
+class Run:
+    """One run of the job (one allocation) in the history."""
+
+    requeue_count: int
+    nodes: str
+    started: float
+    ended: float | None = None
+    step_status: int | None = None
+    first_signal: str | None = None
+    reason: str | None = None
+    action: str | None = None
+    excluded: list[str] = field(default_factory=list)  # nodes kept out of the next run
+    error: str | None = None  # the error the failure records showed
+
+
+@dataclass
+class History:
+    """``history.json``: every run of the job, newest last."""
+
+    job_id: int
+    max_requeues: int
+    runs: list[Run] = field(default_factory=list)
+    checkpoint_dir: str | None = None  # HPCLAUNCH_CHECKPOINT_DIR, for `hpclaunch status`
+
+    @property
+    def excluded_nodes(self) -> list[str]:
+        """Every node any run kept out, in order."""
+        return list(dict.fromkeys(node for run in self.runs for node in run.excluded))
+
+    @property
+    def exclusion_errors(self) -> tuple[str, ...]:
+        """The errors for which earlier runs kept nodes out."""
+        return tuple(r.error for r in self.runs if r.excluded and r.error)
+
+    @property
+    def failure_requeues(self) -> int:
+        return sum(
+            1 for r in self.runs if r.reason == Reason.BAD_NODES.value
+            and r.action == Action.REQUEUE.value
+        )  # fmt: skip
+
+    @property
+    def requeues(self) -> int:
+        requeued = (Action.REQUEUE.value, Action.SLURM_REQUEUES.value)
+        return sum(1 for run in self.runs if run.action in requeued)
+
+    @classmethod
+    def load(cls, job_dir: Path, job_id: int, max_requeues: int | None = None) -> History:
+        """The history in ``job_dir``, or an empty one; ``max_requeues`` replaces the
+        recorded budget (None keeps it). Raises HistoryError."""
+        path = JobFolder(job_dir).history
+        try:
+            data = json.loads(path.read_text())
+            runs = [Run(**run) for run in data["runs"]]
+            checkpoint_dir = data.get("checkpoint_dir")
+            budget = int(data["max_requeues"]) if max_requeues is None else max_requeues
+        except FileNotFoundError:
+            return cls(job_id, max_requeues or 0)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise HistoryError(
+                f"{path} is not a history hpclaunch wrote ({type(exc).__name__}: {exc}); "
+                "move it aside and requeue the job"
+            ) from None
+        return cls(job_id, budget, runs, checkpoint_dir)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "max_requeues": self.max_requeues,
+            "requeues": self.requeues,
+            "excluded_nodes": self.excluded_nodes,
+            "checkpoint_dir": self.checkpoint_dir,
+            "runs": [asdict(run) for run in self.runs],
+        }
+
+    def save(self, job_dir: Path) -> None:
+        """Replace history.json atomically (a reader sees the old or the new file).
+        Raises OSError."""
+        job_dir.mkdir(parents=True, exist_ok=True)
+        text = (json.dumps(self.to_json(), indent=2) + "\n").encode()
+        write_bytes_atomic(JobFolder(job_dir).history, text)
+
+    def start(self, env: Mapping[str, str], requeue_count: int) -> Run:
+        run = Run(requeue_count, env.get("SLURM_JOB_NODELIST", ""), time.time())
+        self.runs.append(run)
+        return run
+
+
+class HistoryError(HpclaunchError):
+    """history.json exists but cannot be read; the message names it and the fix."""
+
+
+def finish(
+    run: Run,
+    status: int | None,
+    first_signal: int | None,
+    decision: Outcome,
+    error: str | None = None,
+) -> None:
+    """Record how ``run`` ended (``status`` None: no step ran)."""
+    run.error = error
+    run.ended = time.time()
+    run.step_status = status
+    run.first_signal = signal.Signals(first_signal).name if first_signal else None
+    run.reason = decision.reason.value
+    run.action = decision.action.value
+    kept_out = decision.action in (Action.REQUEUE, Action.SLURM_REQUEUES)
+    run.excluded = list(decision.exclude) if kept_out else []
