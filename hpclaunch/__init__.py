@@ -12,7 +12,8 @@ from hpclaunch.errors import (
     SpecError,
     TemplateError,
 )
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
+from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
 from hpclaunch.job.values import NodeRange
 
 __version__ = "0.1.0"
@@ -29,8 +30,10 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "C10dRdzv",
     "ConfigError",
     "EntryKind",
+    "EtcdRdzv",
     "Executor",
     "ExecutorError",
     "GpuDirective",
@@ -42,6 +45,7 @@ __all__ = [
     "SlurmError",
     "SlurmNotFound",
     "SpecError",
+    "StaticRdzv",
     "TemplateError",
     "__version__",
 ]

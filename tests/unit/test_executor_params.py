@@ -19,7 +19,8 @@ from hpclaunch.executor.params import (
 )
 from hpclaunch.job.profiles import Profile
 from hpclaunch.job.render import render
-from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.job.rendezvous import EtcdRdzv
+from hpclaunch.job.spec import EntryKind
 from hpclaunch.job.values import NodeRange
 
 FOLDER = Path("/shared/runs/sweep 1")
@@ -36,7 +37,7 @@ def test_profile_keys_are_the_parameters() -> None:
     assert spec.nodes == NodeRange(2, 4)
     assert spec.effective_nproc_per_node == 4 and spec.gpus_per_node == 4
     assert spec.time_limit == timedelta(hours=4)
-    assert spec.partition == "gpu" and spec.rdzv is Rendezvous.ETCD and spec.etcd_sidecar
+    assert spec.partition == "gpu" and spec.rdzv == EtcdRdzv(sidecar=True)
     assert ("NCCL_DEBUG", "INFO") in spec.env
     assert ("reservation", "r1") in spec.sbatch_options
 
