@@ -42,6 +42,19 @@ def test_profile_keys_are_the_parameters() -> None:
     assert ("reservation", "r1") in spec.sbatch_options
 
 
+def test_max_failure_requeues_is_a_parameter() -> None:
+    assert spec_of().max_failure_requeues == 2
+    assert spec_of(max_failure_requeues=0).max_failure_requeues == 0
+    assert spec_of(slurm_max_failure_requeues=5).max_failure_requeues == 5
+    with pytest.raises(SpecError) as raised:
+        spec_of(max_failure_requeues=-1)
+    assert str(raised.value).startswith(
+        "update_parameters(max_failure_requeues=...): -1 is below the minimum of 0"
+    )
+    with pytest.raises(ParameterError, match=r"max_failure_requeues='2'\): the value is not a"):
+        convert({"max_failure_requeues": "2"})
+
+
 def test_submitits_names_are_accepted_in_its_units() -> None:
     spec = spec_of(timeout_min=90.5, mem_gb=2, tasks_per_node=8, name="sweep",
                    slurm_partition="debug", slurm_account="ml")  # fmt: skip
