@@ -196,19 +196,7 @@ class JobSpec:
         _check_count("max_restarts", self.max_restarts, 0)
         _check_count("max_requeues", self.max_requeues, 0)
         _check_count("max_failure_requeues", self.max_failure_requeues, 0)
-        _check_count("signal_lead", self.signal_lead_s, 1)
-        if self.signal_lead_s > MAX_SIGNAL_LEAD_S:
-            raise SpecError(
-                "signal_lead",
-                f"{self.signal_lead_s} s exceeds SLURM's maximum of {MAX_SIGNAL_LEAD_S} s",
-            )
-        if self.time_limit is not None and self.signal_lead_s >= self.time_limit.total_seconds():
-            raise SpecError(
-                "signal_lead",
-                f"the warning {self.signal_lead_s} s before the end is not inside the time "
-                f"limit {format_time(self.time_limit)}; lower --signal-lead or raise --time",
-                also=("time",),
-            )
+        self._check_signal_lead()
         for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
             value = getattr(self, name)
             if value is not None:
@@ -247,6 +235,21 @@ class JobSpec:
         self._check_options("sbatch_options", self.sbatch_options, sbatch=True)
         self._check_options("srun_options", self.srun_options, sbatch=False)
         self._check_rendezvous()
+
+    def _check_signal_lead(self) -> None:
+        _check_count("signal_lead", self.signal_lead_s, 1)
+        if self.signal_lead_s > MAX_SIGNAL_LEAD_S:
+            raise SpecError(
+                "signal_lead",
+                f"{self.signal_lead_s} s exceeds SLURM's maximum of {MAX_SIGNAL_LEAD_S} s",
+            )
+        if self.time_limit is not None and self.signal_lead_s >= self.time_limit.total_seconds():
+            raise SpecError(
+                "signal_lead",
+                f"the warning {self.signal_lead_s} s before the end is not inside the time "
+                f"limit {format_time(self.time_limit)}; lower --signal-lead or raise --time",
+                also=("time",),
+            )
 
     def _check_entrypoint(self) -> None:
         if not self.entrypoint:
