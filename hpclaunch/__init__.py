@@ -13,7 +13,8 @@ from hpclaunch.errors import (
     SpecError,
     TemplateError,
 )
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
+from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
 from hpclaunch.job.values import NodeRange
 
 _LAZY = {"Executor", "ExecutorError", "Job"}  # hpclaunch.executor imports submitit
@@ -28,8 +29,10 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "C10dRdzv",
     "ConfigError",
     "EntryKind",
+    "EtcdRdzv",
     "Executor",
     "ExecutorError",
     "GpuDirective",
@@ -41,6 +44,7 @@ __all__ = [
     "SlurmError",
     "SlurmNotFound",
     "SpecError",
+    "StaticRdzv",
     "TemplateError",
     "__version__",
 ]

@@ -21,13 +21,8 @@ from hpclaunch.cli.context import (
     refuse_option_as_script,
 )
 from hpclaunch.errors import HpclaunchError
-from hpclaunch.job.spec import (
-    DEFAULT_GRACE_PERIOD_S,
-    DEFAULT_MAX_RESTARTS,
-    Rendezvous,
-    WorkerStart,
-)
-from hpclaunch.rendezvous.etcd.access import EtcdFlags
+from hpclaunch.job import rendezvous
+from hpclaunch.job.spec import DEFAULT_GRACE_PERIOD_S, DEFAULT_MAX_RESTARTS, WorkerStart
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -40,15 +35,14 @@ from hpclaunch.rendezvous.etcd.access import EtcdFlags
 )
 @click.option(
     "--rdzv",
-    type=click.Choice(["static", "c10d", "etcd"]),
-    default="c10d",
+    type=click.Choice(list(rendezvous.BACKENDS)),
+    default=rendezvous.DEFAULT.name,
     show_default=True,
     help="Rendezvous backend: static (fixed ranks from SLURM), c10d (a store on the first "
     "node) or etcd.",
 )
 @click.option(
     "--etcd-endpoint",
-    "etcd_endpoints",
     type=TYPES["endpoints"],
     help="etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
 )
@@ -151,16 +145,16 @@ def agent(
 
     refuse_option_as_script(script)
     kind = entry_kind(module, no_python)
+    try:
+        settings_of_rdzv = rendezvous.build(rdzv, etcd, others=True)
+    except HpclaunchError as exc:
+        fail(exc)
     opts = options.AgentOptions(
         entrypoint=script, args=args, entry_kind=kind, nnodes=nnodes,
-        nproc_per_node=nproc_per_node, rdzv=Rendezvous(rdzv), max_restarts=max_restarts,
+        nproc_per_node=nproc_per_node, rdzv=settings_of_rdzv, max_restarts=max_restarts,
         master_addr=master_addr, master_port=master_port, rank_order=RankOrder(rank_order),
         job_dir=job_dir, tee=tee, grace_period_s=grace_period, node_multiple=node_multiple,
         worker_start=WorkerStart(worker_start),
-        etcd=EtcdFlags(
-            endpoints=etcd.pop("etcd_endpoints") or (), sidecar=etcd.pop("etcd_sidecar"),
-            **{k.removeprefix("etcd_"): v for k, v in etcd.items()},
-        ),
     )  # fmt: skip
     sidecar = None
     try:
@@ -173,7 +167,7 @@ def agent(
                 format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
                 force=True,
             )
-        if opts.etcd.sidecar:
+        if isinstance(opts.rdzv, rendezvous.EtcdRdzv) and opts.rdzv.sidecar:
             opts, sidecar = node_agent.etcd_sidecar(ctx, opts, master, start=not dry_run)
         settings = options.launch_settings(ctx, opts, master, local)
     except HpclaunchError as exc:

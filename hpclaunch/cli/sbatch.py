@@ -17,13 +17,13 @@ from hpclaunch.cli.context import (
     refuse_option_as_script,
 )
 from hpclaunch.errors import HpclaunchError, SpecError
+from hpclaunch.job import rendezvous
 from hpclaunch.job.spec import (
     DEFAULT_LOG_DIR,
     DEFAULT_MAX_REQUEUES,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_SIGNAL_LEAD_S,
     EntryKind,
-    Rendezvous,
 )
 
 
@@ -74,12 +74,11 @@ from hpclaunch.job.spec import (
 )
 @click.option(
     "--rdzv",
-    type=click.Choice(["static", "c10d", "etcd"]),
-    help=f"Rendezvous backend. [default: {Rendezvous.C10D.value}]",
+    type=click.Choice(list(rendezvous.BACKENDS)),
+    help=f"Rendezvous backend. [default: {rendezvous.DEFAULT.name}]",
 )
 @click.option(
     "--etcd-endpoint",
-    "etcd_endpoints",
     type=TYPES["endpoints"],
     help="etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
 )
@@ -182,8 +181,6 @@ def sbatch(
     if follow_job and dry_run:
         raise click.UsageError("--follow follows a submitted job; --dry-run submits none")
     kind = entry_kind(module, no_python)
-    if flags["rdzv"] is not None:
-        flags["rdzv"] = Rendezvous(flags["rdzv"])
     if flags["template"] is not None:
         flags["template"] = str(obj.cwd / flags["template"])
     try:

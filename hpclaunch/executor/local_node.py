@@ -26,7 +26,8 @@ from pathlib import Path
 
 from hpclaunch import checkpoint
 from hpclaunch.executor.local_settings import LocalSettings
-from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.job.rendezvous import C10dRdzv
+from hpclaunch.job.spec import EntryKind
 from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 from hpclaunch.slurm.env import NodeContext, derive_port
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     opts = options.AgentOptions(
         entrypoint=WORKER_MODULE, args=(str(folder),), entry_kind=EntryKind.MODULE,
-        nproc_per_node=settings.nproc_per_node, rdzv=Rendezvous.C10D,
+        nproc_per_node=settings.nproc_per_node, rdzv=C10dRdzv(),
         max_restarts=settings.max_restarts, job_dir=job_dir,
         grace_period_s=settings.grace_period_s,
     )  # fmt: skip

@@ -18,7 +18,8 @@ from typing import Any
 
 from hpclaunch.errors import SpecError
 from hpclaunch.job.profiles import PROFILE_KEYS, Entry, Profile, build_spec
-from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, EntryKind, JobSpec, Rendezvous
+from hpclaunch.job.rendezvous import EtcdRdzv
+from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, EntryKind, JobSpec
 
 # The module every worker rank runs: it loads the pickled call and runs it.
 WORKER_MODULE = "hpclaunch.executor.worker"
@@ -156,6 +157,6 @@ def local_conflicts(spec: JobSpec, params: Parameters) -> None:
     if spec.nodes.min != 1 or spec.nodes.max != 1:
         refuse("nodes", f"cluster='local' runs one node, not {spec.nodes.sbatch}; "
                "set nodes=1, or use cluster='slurm'")  # fmt: skip
-    if spec.rdzv is Rendezvous.ETCD or spec.etcd_sidecar or spec.etcd_endpoints:
+    if isinstance(spec.rdzv, EtcdRdzv):
         refuse("rdzv", "cluster='local' rendezvouses on 127.0.0.1 without etcd; "
                "leave out rdzv='etcd' and the etcd settings")  # fmt: skip

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.errors import ConfigError, SpecError
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.job import rendezvous
+from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
 from hpclaunch.job.values import parse_endpoints, parse_mem, parse_nodes, parse_time
 
 if sys.version_info >= (3, 11):
@@ -63,6 +64,12 @@ def _choice(enum_type: Any) -> Callable[[Any], Any]:
     return convert
 
 
+def _backend(value: Any) -> str:
+    if not isinstance(value, str) or value not in rendezvous.BACKENDS:
+        raise TypeError(f"one of {rendezvous.choices()}")
+    return value
+
+
 def _str_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
@@ -101,7 +108,9 @@ def _table(value: Any, *, flags: bool) -> tuple[tuple[str, str | None], ...]:
 _INT = _expect(int, "a whole number")
 _STR = _expect(str, "a string")
 
-# Profile key → (JobSpec field, converter of the TOML value).
+# Profile key → (JobSpec field, converter of the TOML value). The rendezvous settings
+# (rdzv and the keys of job.rendezvous.SETTING_KEYS) are flat here and in flags;
+# build_spec nests them into JobSpec.rdzv.
 PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "nodes": ("nodes", _str_or_int(parse_nodes, "a number or a string like '2:4'")),
     "gpus_per_node": ("gpus_per_node", _INT),
@@ -119,9 +128,10 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "checkpoint_dir": ("checkpoint_dir", _STR),
     "max_restarts": ("max_restarts", _INT),
     "max_requeues": ("max_requeues", _INT),
+    "max_failure_requeues": ("max_failure_requeues", _INT),
     "signal_lead": ("signal_lead_s", _INT),
-    "rdzv": ("rdzv", _choice(Rendezvous)),
-    "etcd_endpoint": ("etcd_endpoints", lambda v: parse_endpoints(",".join(_str_list(v)))),
+    "rdzv": ("rdzv", _backend),
+    "etcd_endpoint": ("etcd_endpoint", lambda v: parse_endpoints(",".join(_str_list(v)))),
     "etcd_sidecar": ("etcd_sidecar", _expect(bool, "true or false")),
     "etcd_binary": ("etcd_binary", _STR),
     "etcd_cacert": ("etcd_cacert", _STR),
@@ -290,6 +300,7 @@ def build_spec(
         fields[field] = value
         sources[key_of[field]] = spell(key_of[field])
     try:
+        fields["rdzv"] = _nest_rendezvous(fields)
         return JobSpec(entrypoint=entry.target, args=entry.args, entry_kind=entry.kind, **fields)
     except SpecError as exc:
         named = [sources[k] for k in exc.fields if k in sources]
@@ -298,3 +309,10 @@ def build_spec(
         ]
         where = " and ".join(named) or "the command line"  # script, module, args
         raise SpecError(exc.field, f"{where}: {exc.message}", exc.fields[1:]) from None
+
+
+def _nest_rendezvous(fields: dict[str, Any]) -> rendezvous.Rendezvous:
+    """Take the flat rendezvous settings (``rdzv``, ``etcd_endpoint``, ...) out of
+    ``fields`` and nest them into the backend's settings. Raises SpecError."""
+    given = {key: fields.pop(key) for key in rendezvous.SETTING_KEYS if key in fields}
+    return rendezvous.build(fields.pop("rdzv", rendezvous.DEFAULT.name), given)

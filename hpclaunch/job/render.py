@@ -179,7 +179,7 @@ def agent_argv(spec: JobSpec) -> list[str]:
         "--nproc-per-node",
         str(spec.effective_nproc_per_node),
         "--rdzv",
-        spec.rdzv.value,
+        spec.rdzv.name,
         "--max-restarts",
         str(spec.max_restarts),
         "--grace-period",
@@ -187,7 +187,7 @@ def agent_argv(spec: JobSpec) -> list[str]:
     ]
     if spec.node_multiple > 1:
         argv += ["--node-multiple", str(spec.node_multiple)]
-    argv += spec.etcd_flags.argv()
+    argv += spec.rdzv.argv()
     if spec.entry_kind is EntryKind.MODULE:
         argv.append("--module")
     elif spec.entry_kind is EntryKind.EXECUTABLE:

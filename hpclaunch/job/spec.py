@@ -17,8 +17,8 @@ from datetime import timedelta
 from pathlib import PurePath
 
 from hpclaunch.errors import SpecError
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdSetting, Rendezvous, choices, elastic_names
 from hpclaunch.job.values import NodeRange, format_time, parse_mem
-from hpclaunch.rendezvous.etcd.access import EtcdFlags
 
 DEFAULT_LOG_DIR = "hpclaunch-logs"
 DEFAULT_SIGNAL_LEAD_S = 120
@@ -80,21 +80,6 @@ MANAGED_SRUN_OPTIONS = frozenset(
 
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
-# JobSpec fields that only --rdzv etcd uses, and how profiles and messages spell them.
-_ETCD_KEYS = (
-    "etcd_endpoints", "etcd_sidecar", "etcd_binary", "etcd_cacert", "etcd_cert", "etcd_key",
-    "etcd_user", "etcd_password_file",
-)  # fmt: skip
-_PROFILE_KEY = {"etcd_endpoints": "etcd_endpoint"}
-_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
-
-
-class Rendezvous(enum.Enum):
-    """How the per-node agents find each other."""
-
-    STATIC = "static"
-    C10D = "c10d"
-    ETCD = "etcd"
 
 
 class EntryKind(enum.Enum):
@@ -166,16 +151,9 @@ class JobSpec:
     checkpoint_dir: str | None = None
     max_restarts: int = DEFAULT_MAX_RESTARTS
     max_requeues: int = DEFAULT_MAX_REQUEUES
+    max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
-    rdzv: Rendezvous = Rendezvous.C10D
-    etcd_endpoints: tuple[str, ...] = ()
-    etcd_sidecar: bool = False
-    etcd_binary: str | None = None
-    etcd_cacert: str | None = None
-    etcd_cert: str | None = None
-    etcd_key: str | None = None
-    etcd_user: str | None = None
-    etcd_password_file: str | None = None
+    rdzv: Rendezvous = C10dRdzv()  # noqa: RUF009 - frozen, so one shared default is safe
     no_kill: bool = False
     node_multiple: int = 1
     template: str | None = None
@@ -186,14 +164,15 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     launcher: tuple[str, ...] = ("hpclaunch",)
 
-    @property
-    def etcd_flags(self) -> EtcdFlags:
-        """The etcd options as the agent takes them."""
-        return EtcdFlags(
-            endpoints=self.etcd_endpoints, sidecar=self.etcd_sidecar, binary=self.etcd_binary,
-            cacert=self.etcd_cacert, cert=self.etcd_cert, key=self.etcd_key,
-            user=self.etcd_user, password_file=self.etcd_password_file,
-        )  # fmt: skip
+    # The etcd settings under their flat names, read-only, for templates (not fields).
+    etcd_endpoints = EtcdSetting()
+    etcd_sidecar = EtcdSetting()
+    etcd_binary = EtcdSetting()
+    etcd_cacert = EtcdSetting()
+    etcd_cert = EtcdSetting()
+    etcd_key = EtcdSetting()
+    etcd_user = EtcdSetting()
+    etcd_password_file = EtcdSetting()
 
     @property
     def agent_grace_s(self) -> int:
@@ -203,7 +182,7 @@ class JobSpec:
         return max(1, self.signal_lead_s * 3 // 4)
 
     def __post_init__(self) -> None:
-        for name in ("args", "setup", "launcher", "etcd_endpoints", "env"):
+        for name in ("args", "setup", "launcher", "env"):
             if not isinstance(getattr(self, name), tuple):
                 raise SpecError(
                     name, f"{getattr(self, name)!r} is not a tuple; give a tuple of strings"
@@ -216,19 +195,8 @@ class JobSpec:
             _check_count("cpus_per_task", self.cpus_per_task, 1)
         _check_count("max_restarts", self.max_restarts, 0)
         _check_count("max_requeues", self.max_requeues, 0)
-        _check_count("signal_lead", self.signal_lead_s, 1)
-        if self.signal_lead_s > MAX_SIGNAL_LEAD_S:
-            raise SpecError(
-                "signal_lead",
-                f"{self.signal_lead_s} s exceeds SLURM's maximum of {MAX_SIGNAL_LEAD_S} s",
-            )
-        if self.time_limit is not None and self.signal_lead_s >= self.time_limit.total_seconds():
-            raise SpecError(
-                "signal_lead",
-                f"the warning {self.signal_lead_s} s before the end is not inside the time "
-                f"limit {format_time(self.time_limit)}; lower --signal-lead or raise --time",
-                also=("time",),
-            )
+        _check_count("max_failure_requeues", self.max_failure_requeues, 0)
+        self._check_signal_lead()
         for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
             value = getattr(self, name)
             if value is not None:
@@ -267,6 +235,21 @@ class JobSpec:
         self._check_options("sbatch_options", self.sbatch_options, sbatch=True)
         self._check_options("srun_options", self.srun_options, sbatch=False)
         self._check_rendezvous()
+
+    def _check_signal_lead(self) -> None:
+        _check_count("signal_lead", self.signal_lead_s, 1)
+        if self.signal_lead_s > MAX_SIGNAL_LEAD_S:
+            raise SpecError(
+                "signal_lead",
+                f"{self.signal_lead_s} s exceeds SLURM's maximum of {MAX_SIGNAL_LEAD_S} s",
+            )
+        if self.time_limit is not None and self.signal_lead_s >= self.time_limit.total_seconds():
+            raise SpecError(
+                "signal_lead",
+                f"the warning {self.signal_lead_s} s before the end is not inside the time "
+                f"limit {format_time(self.time_limit)}; lower --signal-lead or raise --time",
+                also=("time",),
+            )
 
     def _check_entrypoint(self) -> None:
         if not self.entrypoint:
@@ -324,51 +307,27 @@ class JobSpec:
                 _check_text(name, value, one_line=sbatch)
 
     def _check_rendezvous(self) -> None:
-        if self.rdzv is Rendezvous.STATIC and self.nodes.is_elastic:
+        if not isinstance(self.rdzv, Rendezvous):
             raise SpecError(
                 "rdzv",
-                f"static rendezvous needs a fixed node count, but --nodes is {self.nodes}; "
-                "use --rdzv c10d or etcd for a range",
-                also=("nodes",),
+                f"{self.rdzv!r} is not rendezvous settings; give StaticRdzv(), C10dRdzv() "
+                f"or EtcdRdzv(...) from hpclaunch (the names {choices()} are for profiles "
+                "and flags)",
             )
-        if self.rdzv is Rendezvous.ETCD:
-            if not self.etcd_endpoints and not self.etcd_sidecar:
-                raise SpecError(
-                    "rdzv", "--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar"
-                )
-            if self.etcd_endpoints and self.etcd_sidecar:
-                raise SpecError(
-                    "etcd_sidecar",
-                    "--etcd-endpoint and --etcd-sidecar exclude each other; give one",
-                    also=("etcd_endpoint",),
-                )
-            if (self.etcd_cert is None) != (self.etcd_key is None):
-                raise SpecError(
-                    "etcd_cert" if self.etcd_cert is not None else "etcd_key",
-                    "a client certificate needs both --etcd-cert and --etcd-key",
-                )
-            if self.etcd_password_file is not None and self.etcd_user is None:
-                raise SpecError(
-                    "etcd_password_file", "a password file needs --etcd-user NAME as well"
-                )
-            if self.etcd_sidecar and (self.etcd_cacert or self.etcd_cert or self.etcd_user):
-                raise SpecError(
-                    "etcd_sidecar",
-                    "the sidecar serves plain HTTP to the job's nodes only; TLS and user "
-                    "settings are for an etcd of your own (--etcd-endpoint)",
-                )
-        elif given := [k for k in _ETCD_KEYS if getattr(self, k) not in (None, False, ())]:
+        if self.rdzv.fixed_ranks and self.nodes.is_elastic:
             raise SpecError(
                 "rdzv",
-                f"etcd settings are given but --rdzv is {self.rdzv.value}; add --rdzv etcd",
-                also=tuple(_PROFILE_KEY.get(k, k) for k in given),
+                f"{self.rdzv} rendezvous needs a fixed node count, but --nodes is {self.nodes}; "
+                f"use --rdzv {elastic_names()} for a range",
+                also=("nodes",),
             )
         _check_count("node_multiple", self.node_multiple, 1)
         if self.node_multiple > 1:
-            if self.rdzv is Rendezvous.STATIC:
+            if self.rdzv.fixed_ranks:
                 raise SpecError(
                     "node_multiple",
-                    "--node-multiple needs the rounds of --rdzv c10d or etcd, not static",
+                    f"--node-multiple needs the rounds of --rdzv {elastic_names()}, "
+                    f"not {self.rdzv}",
                     also=("rdzv",),
                 )
             if self.nodes.multiples(self.node_multiple) is None:
@@ -385,13 +344,6 @@ class JobSpec:
                 "give a range MIN:MAX",
                 also=("nodes",),
             )
-        for endpoint in self.etcd_endpoints:
-            match = _ENDPOINT.fullmatch(endpoint)
-            if not match or not 0 < int(match.group(2)) < 65536:
-                raise SpecError(
-                    "etcd_endpoint",
-                    f"{endpoint!r} is not host:port with a port from 1 to 65535, e.g. etcd1:2379",
-                )
 
     @property
     def effective_nproc_per_node(self) -> int:

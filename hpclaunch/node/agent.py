@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpclaunch.errors import SlurmError
+from hpclaunch.job.rendezvous import EtcdRdzv
 from hpclaunch.jobdir import failures, joblogs
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node.options import (
@@ -81,12 +82,13 @@ def etcd_sidecar(
     elif ctx.node_rank == 0:
         setpriv = shutil.which("setpriv")
         guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else None
-        server = sidecar.Sidecar.start(opts.etcd.binary, name, ip, ports, guard)
+        binary = opts.rdzv.binary if isinstance(opts.rdzv, EtcdRdzv) else None
+        server = sidecar.Sidecar.start(binary, name, ip, ports, guard)
         endpoint = server.endpoint
     else:
         endpoint = sidecar.find(ip, name, ports)
-    etcd = dataclasses.replace(opts.etcd, endpoints=(endpoint,))
-    return dataclasses.replace(opts, etcd=etcd), server
+    # Found: from here on the agent sees an etcd of its own at that endpoint.
+    return dataclasses.replace(opts, rdzv=EtcdRdzv(endpoints=(endpoint,))), server
 
 
 def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:

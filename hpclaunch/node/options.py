@@ -4,15 +4,14 @@ No torch, no I/O."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.job.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, Rendezvous, WorkerStart
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
+from hpclaunch.job.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, WorkerStart
 from hpclaunch.job.values import NodeRange
-from hpclaunch.rendezvous.etcd.access import EtcdFlags
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder
 
 # SLURM's time-limit warning and the preemption signals reach the agent; torch's agent
@@ -38,7 +37,7 @@ class AgentOptions:
     entry_kind: EntryKind = EntryKind.SCRIPT
     nnodes: NodeRange | None = None  # None: the step's node count
     nproc_per_node: int | None = None
-    rdzv: Rendezvous = Rendezvous.C10D
+    rdzv: Rendezvous = C10dRdzv()  # noqa: RUF009 - frozen, so one shared default is safe
     max_restarts: int = 3
     master_addr: str | None = None
     master_port: int | None = None
@@ -47,7 +46,6 @@ class AgentOptions:
     job_dir: Path | None = None  # None: HPCLAUNCH_JOB_DIR, else LOG_DIR/JOBID
     tee: bool = True
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
-    etcd: EtcdFlags = dataclasses.field(default_factory=EtcdFlags)
     node_multiple: int = 1
     worker_start: WorkerStart = WorkerStart.WARM
 
@@ -123,20 +121,20 @@ def launch_settings(
     low, high = node_range(ctx, opts)
     endpoint = f"{master_addr}:{ctx.master_port}"
     configs: dict[str, Any]
-    if opts.rdzv is Rendezvous.STATIC:
+    if isinstance(opts.rdzv, StaticRdzv):
         if opts.node_multiple > 1:
             raise ContextError("--node-multiple needs --rdzv c10d or etcd, not static")
         if low != high:
             raise ContextError(f"static rendezvous needs a fixed node count, not {opts.nnodes}")
         backend, configs = "static", {"rank": ctx.node_rank}
-    elif opts.rdzv is Rendezvous.ETCD:
-        if not opts.etcd.endpoints:
+    elif isinstance(opts.rdzv, EtcdRdzv):
+        if not opts.rdzv.endpoints:  # --etcd-sidecar whose endpoint was not looked up
             raise ContextError("--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar")
-        backend, endpoint = "hpclaunch-etcd", ",".join(opts.etcd.endpoints)
+        backend, endpoint = "hpclaunch-etcd", ",".join(opts.rdzv.endpoints)
         configs = {
             "node_rank": ctx.node_rank, "last_call_timeout": ETCD_LAST_CALL_S,
             "keep_alive_interval": ETCD_HEARTBEAT_S,
-            "keep_alive_max_attempt": ETCD_MISSED_HEARTBEATS, **opts.etcd.rdzv_configs(),
+            "keep_alive_max_attempt": ETCD_MISSED_HEARTBEATS, **opts.rdzv.rdzv_configs(),
         }  # fmt: skip
     else:
         # The first node hosts the store and, by its descriptor's order, is rank 0.
@@ -173,7 +171,7 @@ def worker_env(ctx: NodeContext, rdzv: Rendezvous) -> dict[str, str]:
         "HPCLAUNCH_REQUEUE_COUNT": str(ctx.restart_count),
         "HPCLAUNCH_NODE_RANK": str(ctx.node_rank),
     }
-    if rdzv is Rendezvous.STATIC:
+    if isinstance(rdzv, StaticRdzv):
         # torch 2.13's shared agent store makes restarted workers read the previous
         # attempt's addresses now and then; hpclaunch-c10d switches per round itself.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, StaticRdzv
+from hpclaunch.job.spec import EntryKind
 from hpclaunch.job.values import NodeRange
 from hpclaunch.node.agent import job_folder
 from hpclaunch.node.options import (
@@ -17,7 +18,6 @@ from hpclaunch.node.options import (
     worker_command,
     worker_env,
 )
-from hpclaunch.rendezvous.etcd.access import EtcdFlags
 from hpclaunch.slurm.env import ContextError, NodeContext
 
 ENV = {
@@ -63,24 +63,24 @@ def test_job_folder() -> None:
 
 
 def test_static_and_elastic_and_etcd() -> None:
-    s = settings(rdzv=Rendezvous.STATIC)
+    s = settings(rdzv=StaticRdzv())
     assert s["rdzv_backend"] == "static" and s["rdzv_configs"] == {"rank": 1}
     elastic = settings(nnodes=NodeRange(1, 4))  # the step has 2 nodes: no wait for 4
     assert (elastic["min_nodes"], elastic["max_nodes"]) == (1, 2)
     with pytest.raises(ContextError, match="step has 2 nodes but --nnodes is 3:4"):
         settings(nnodes=NodeRange(3, 4))
     with pytest.raises(ContextError, match="static rendezvous needs a fixed node count"):
-        settings(rdzv=Rendezvous.STATIC, nnodes=NodeRange(1, 2))
+        settings(rdzv=StaticRdzv(), nnodes=NodeRange(1, 2))
     with pytest.raises(ContextError, match="--rdzv etcd needs --etcd-endpoint"):
-        settings(rdzv=Rendezvous.ETCD)
+        settings(rdzv=EtcdRdzv(sidecar=True))  # the sidecar's endpoint not looked up
 
 
 def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
-    flags = EtcdFlags(
+    flags = EtcdRdzv(
         endpoints=("e1:2379", "e2:2379"), cacert="/ca.pem", cert="/c.pem", key="/k.pem",
         user="trainer", password_file="/pw",
     )  # fmt: skip
-    s = settings(rdzv=Rendezvous.ETCD, etcd=flags, nnodes=NodeRange(1, 4))
+    s = settings(rdzv=flags, nnodes=NodeRange(1, 4))
     assert s["rdzv_backend"] == "hpclaunch-etcd" and s["rdzv_endpoint"] == "e1:2379,e2:2379"
     assert (s["min_nodes"], s["max_nodes"]) == (1, 2)
     assert s["rdzv_configs"] == {
@@ -92,7 +92,7 @@ def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
         "--etcd-endpoint", "e1:2379,e2:2379", "--etcd-cacert", "/ca.pem", "--etcd-cert",
         "/c.pem", "--etcd-key", "/k.pem", "--etcd-user", "trainer", "--etcd-password-file", "/pw",
     ]  # fmt: skip
-    assert EtcdFlags(sidecar=True, binary="/opt/etcd").argv() == [
+    assert EtcdRdzv(sidecar=True, binary="/opt/etcd").argv() == [
         "--etcd-sidecar", "--etcd-binary", "/opt/etcd",
     ]  # fmt: skip
 
@@ -110,13 +110,13 @@ def test_worker_command_and_env() -> None:
         "/usr/bin/setpriv",
         ("--pdeathsig", "KILL", "--", "/bin/app", "a"),
     )
-    env = worker_env(NodeContext.from_env(ENV), Rendezvous.C10D)
+    env = worker_env(NodeContext.from_env(ENV), C10dRdzv())
     assert env == {
         "HPCLAUNCH_JOB_ID": "77",
         "HPCLAUNCH_REQUEUE_COUNT": "2",
         "HPCLAUNCH_NODE_RANK": "1",
     }
-    static = worker_env(NodeContext.from_env(ENV), Rendezvous.STATIC)
+    static = worker_env(NodeContext.from_env(ENV), StaticRdzv())
     assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
@@ -134,5 +134,5 @@ def test_node_multiple_rounds_the_range_to_multiples() -> None:
     ):
         launch_settings(ctx, AgentOptions("t.py", node_multiple=2), "n1", "n2")
     with pytest.raises(ContextError, match="--node-multiple needs --rdzv c10d or etcd"):
-        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv=Rendezvous.STATIC),
+        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv=StaticRdzv()),
                         "n1", "n2")  # fmt: skip

@@ -9,7 +9,8 @@ import pytest
 
 from hpclaunch.errors import ConfigError, SpecError
 from hpclaunch.job.profiles import Entry, build_spec, load_profile
-from hpclaunch.job.spec import GpuDirective, Rendezvous
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv
+from hpclaunch.job.spec import GpuDirective
 from hpclaunch.job.values import NodeRange
 
 ENTRY = Entry("train.py", ("--lr", "3e-4"))
@@ -59,6 +60,7 @@ def test_profile_values_are_converted(dirs: tuple[Path, dict[str, str]]) -> None
     assert job.setup == ("module load cuda/12.4", "source ~/venv/bin/activate")
     assert job.launcher == ("hpclaunch",)
     assert job.template == str(cwd / "tmpl" / "job.sh.j2")  # relative to the profile file
+    assert job.rdzv == C10dRdzv()
 
 
 def test_precedence_flags_over_profile_over_defaults(dirs: tuple[Path, dict[str, str]]) -> None:
@@ -140,6 +142,7 @@ def test_unknown_key_names_file_profile_and_closest_key(dirs: tuple[Path, dict[s
         ("setup = [1]", "not a string or a list of strings"),
         ("env = { A = [1] }", "not a table of NAME = VALUE"),
         ('time = "4h"', "not a SLURM time limit"),
+        ('max_failure_requeues = "2"', "key 'max_failure_requeues': '2' is not a whole number"),
     ],
 )
 def test_bad_values_name_the_key(dirs: tuple[Path, dict[str, str]], body: str, needle: str) -> None:
@@ -173,7 +176,7 @@ def test_spec_errors_say_where_the_value_came_from(dirs: tuple[Path, dict[str, s
     with pytest.raises(
         SpecError, match=r"^--rdzv and --nodes: static rendezvous needs a fixed node count"
     ):
-        build_spec(ENTRY, {"rdzv": Rendezvous.STATIC, "nodes": NodeRange(1, 2)}, None)
+        build_spec(ENTRY, {"rdzv": "static", "nodes": NodeRange(1, 2)}, None)
 
 
 def test_launcher_string_is_split_like_a_shell(dirs: tuple[Path, dict[str, str]]) -> None:
@@ -184,3 +187,39 @@ def test_launcher_string_is_split_like_a_shell(dirs: tuple[Path, dict[str, str]]
     )
     job = build_spec(ENTRY, {}, load_profile("p", cwd, env))
     assert job.launcher == ("apptainer", "exec", "/img/my image.sif", "hpclaunch")
+
+
+def test_flat_rendezvous_keys_nest_into_the_spec(dirs: tuple[Path, dict[str, str]]) -> None:
+    cwd, env = dirs
+    write(
+        cwd / "hpclaunch.toml",
+        '[profiles.p]\nrdzv = "etcd"\netcd_endpoint = ["e1:2379", "e2:2379"]\n'
+        'etcd_user = "trainer"\nmax_failure_requeues = 5\n',
+    )
+    job = build_spec(ENTRY, {"etcd_password_file": "/pw"}, load_profile("p", cwd, env))
+    assert job.rdzv == EtcdRdzv(
+        endpoints=("e1:2379", "e2:2379"), user="trainer", password_file="/pw"
+    )
+    assert job.max_failure_requeues == 5
+    assert build_spec(ENTRY, {"max_failure_requeues": 0}, None).max_failure_requeues == 0
+    with pytest.raises(SpecError) as info:
+        build_spec(ENTRY, {"max_failure_requeues": -1}, None)
+    assert str(info.value).startswith("--max-failure-requeues: -1 is below the minimum of 0")
+    # A flag's backend wins over the profile's, and then the profile's etcd keys are an error
+    # that names each of them where it came from.
+    with pytest.raises(SpecError) as info:
+        build_spec(ENTRY, {"rdzv": "c10d"}, load_profile("p", cwd, env))
+    path = cwd / "hpclaunch.toml"
+    assert str(info.value) == (
+        f"--rdzv and {path}, profile 'p', key 'etcd_endpoint' and {path}, profile 'p', key "
+        "'etcd_user': etcd settings are given but --rdzv is c10d; add --rdzv etcd"
+    )
+    with pytest.raises(SpecError) as info:
+        build_spec(ENTRY, {"etcd_sidecar": True}, None)
+    assert str(info.value) == (
+        "--etcd-sidecar and the default --rdzv: etcd settings are given but --rdzv is c10d; "
+        "add --rdzv etcd"
+    )
+    with pytest.raises(SpecError) as info:
+        build_spec(ENTRY, {"rdzv": "etcd", "etcd_endpoint": ("h:70000",)}, None)
+    assert str(info.value).startswith("--etcd-endpoint: 'h:70000' is not host:port")

@@ -18,7 +18,8 @@ from hpclaunch.executor.params import (
 )
 from hpclaunch.job.profiles import Profile
 from hpclaunch.job.render import render
-from hpclaunch.job.spec import EntryKind, Rendezvous
+from hpclaunch.job.rendezvous import EtcdRdzv
+from hpclaunch.job.spec import EntryKind
 from hpclaunch.job.values import NodeRange
 from hpclaunch.jobdir.layout import ExecutorFolder
 
@@ -36,9 +37,22 @@ def test_profile_keys_are_the_parameters() -> None:
     assert spec.nodes == NodeRange(2, 4)
     assert spec.effective_nproc_per_node == 4 and spec.gpus_per_node == 4
     assert spec.time_limit == timedelta(hours=4)
-    assert spec.partition == "gpu" and spec.rdzv is Rendezvous.ETCD and spec.etcd_sidecar
+    assert spec.partition == "gpu" and spec.rdzv == EtcdRdzv(sidecar=True)
     assert ("NCCL_DEBUG", "INFO") in spec.env
     assert ("reservation", "r1") in spec.sbatch_options
+
+
+def test_max_failure_requeues_is_a_parameter() -> None:
+    assert spec_of().max_failure_requeues == 2
+    assert spec_of(max_failure_requeues=0).max_failure_requeues == 0
+    assert spec_of(slurm_max_failure_requeues=5).max_failure_requeues == 5
+    with pytest.raises(SpecError) as raised:
+        spec_of(max_failure_requeues=-1)
+    assert str(raised.value).startswith(
+        "update_parameters(max_failure_requeues=...): -1 is below the minimum of 0"
+    )
+    with pytest.raises(ParameterError, match=r"max_failure_requeues='2'\): the value is not a"):
+        convert({"max_failure_requeues": "2"})
 
 
 def test_submitits_names_are_accepted_in_its_units() -> None:

@@ -7,8 +7,10 @@ import hpclaunch
 
 def test_all_is_pinned() -> None:
     assert sorted(hpclaunch.__all__) == [
+        "C10dRdzv",
         "ConfigError",
         "EntryKind",
+        "EtcdRdzv",
         "Executor",
         "ExecutorError",
         "GpuDirective",
@@ -20,6 +22,7 @@ def test_all_is_pinned() -> None:
         "SlurmError",
         "SlurmNotFound",
         "SpecError",
+        "StaticRdzv",
         "TemplateError",
         "__version__",
     ]

@@ -10,7 +10,8 @@ import pytest
 
 from hpclaunch.errors import TemplateError
 from hpclaunch.job.render import Shell, render, sbatch_quote, shell_quote, words
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec, Rendezvous
+from hpclaunch.job.rendezvous import EtcdRdzv
+from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
 from hpclaunch.job.values import NodeRange
 
 
@@ -111,15 +112,15 @@ def test_entry_kinds_reach_the_agent(kind: EntryKind, flag: str) -> None:
 
 
 def test_etcd_settings_reach_the_agent() -> None:
-    job = JobSpec("t.py", rdzv=Rendezvous.ETCD, etcd_endpoints=("e1:2379", "e2:2379"))
+    job = JobSpec("t.py", rdzv=EtcdRdzv(endpoints=("e1:2379", "e2:2379")))
     argv = launch_words(render(job))
     assert argv[argv.index("--etcd-endpoint") + 1] == "e1:2379,e2:2379"
-    sidecar = launch_words(render(JobSpec("t.py", rdzv=Rendezvous.ETCD, etcd_sidecar=True)))
+    sidecar = launch_words(render(JobSpec("t.py", rdzv=EtcdRdzv(sidecar=True))))
     assert "--etcd-sidecar" in sidecar
-    secured = JobSpec(
-        "t.py", rdzv=Rendezvous.ETCD, etcd_endpoints=("e1:2379",), etcd_cacert="/etc/my ca.pem",
-        etcd_user="trainer; rm -rf ~", etcd_password_file="$HOME/pw",
-    )  # fmt: skip
+    secured = JobSpec("t.py", rdzv=EtcdRdzv(
+        endpoints=("e1:2379",), cacert="/etc/my ca.pem", user="trainer; rm -rf ~",
+        password_file="$HOME/pw",
+    ))  # fmt: skip
     text = render(secured)
     argv = launch_words(text)
     assert argv[argv.index("--etcd-cacert") + 1] == "/etc/my ca.pem"
@@ -129,8 +130,8 @@ def test_etcd_settings_reach_the_agent() -> None:
 
 
 def test_no_kill_keeps_the_job_and_the_step_on_a_lost_node() -> None:
-    text = render(JobSpec("t.py", nodes=NodeRange(2, 3), rdzv=Rendezvous.ETCD,
-                          etcd_sidecar=True, no_kill=True))  # fmt: skip
+    text = render(JobSpec("t.py", nodes=NodeRange(2, 3), rdzv=EtcdRdzv(sidecar=True),
+                          no_kill=True))  # fmt: skip
     assert "#SBATCH --no-kill\n" in text
     assert "#SBATCH --ntasks-per-node" not in text  # a range: SLURM gives as many as it can
     argv = launch_words(text)

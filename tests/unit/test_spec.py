@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from hpclaunch.errors import SpecError
-from hpclaunch.job.spec import EntryKind, JobSpec, Rendezvous
+from hpclaunch.job import rendezvous
+from hpclaunch.job.render import render
+from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, StaticRdzv
+from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES, EntryKind, JobSpec
 from hpclaunch.job.values import (
     UNLIMITED,
     NodeRange,
@@ -135,7 +139,8 @@ def test_defaults() -> None:
     assert job.nodes == NodeRange(1, 1)
     assert job.effective_nproc_per_node == 1
     assert job.effective_job_name == "train"
-    assert job.rdzv is Rendezvous.C10D
+    assert job.rdzv == C10dRdzv() and str(job.rdzv) == "c10d"
+    assert job.max_failure_requeues == DEFAULT_MAX_FAILURE_REQUEUES == 2
     assert job.signal_lead_s == 120
     assert job.log_dir == "hpclaunch-logs"
 
@@ -176,35 +181,13 @@ def test_job_name_from_module_and_executable() -> None:
         ({"sbatch_options": (("nodes", "3"),)}, "sbatch_options", "use --nodes"),
         ({"sbatch_options": (("mail type", "x"),)}, "sbatch_options", "not an option name"),
         ({"sbatch_options": (("comment", "a\nb"),)}, "sbatch_options", "line break"),
-        ({"rdzv": Rendezvous.STATIC, "nodes": NodeRange(2, 4)}, "rdzv", "fixed node count"),
-        ({"rdzv": Rendezvous.ETCD}, "rdzv", "--etcd-endpoint"),
-        ({"etcd_sidecar": True}, "rdzv", "add --rdzv etcd"),
-        ({"rdzv": Rendezvous.ETCD, "etcd_endpoints": ("h:99999",)}, "etcd_endpoint", "port from 1"),
-        (
-            {"rdzv": Rendezvous.ETCD, "etcd_endpoints": ("h:1",), "etcd_sidecar": True},
-            "etcd_sidecar",
-            "exclude each other",
-        ),
-        ({"etcd_user": "u"}, "rdzv", "add --rdzv etcd"),
-        (
-            {"rdzv": Rendezvous.ETCD, "etcd_endpoints": ("h:1",), "etcd_cert": "/c.pem"},
-            "etcd_cert",
-            "needs both --etcd-cert and --etcd-key",
-        ),
-        (
-            {"rdzv": Rendezvous.ETCD, "etcd_endpoints": ("h:1",), "etcd_password_file": "/p"},
-            "etcd_password_file",
-            "needs --etcd-user",
-        ),
-        (
-            {"rdzv": Rendezvous.ETCD, "etcd_sidecar": True, "etcd_cacert": "/ca.pem"},
-            "etcd_sidecar",
-            "an etcd of your own",
-        ),
+        ({"rdzv": StaticRdzv(), "nodes": NodeRange(2, 4)}, "rdzv", "fixed node count"),
+        ({"rdzv": "etcd"}, "rdzv", "not rendezvous settings; give StaticRdzv()"),
+        ({"max_failure_requeues": -1}, "max_failure_requeues", "below the minimum of 0"),
         ({"no_kill": True}, "no_kill", "give a range MIN:MAX"),
         ({"node_multiple": 0}, "node_multiple", "below the minimum of 1"),
         ({"node_multiple": 4, "nodes": NodeRange(5, 7)}, "node_multiple", "no node count"),
-        ({"node_multiple": 2, "rdzv": Rendezvous.STATIC}, "node_multiple", "not static"),
+        ({"node_multiple": 2, "rdzv": StaticRdzv()}, "node_multiple", "c10d or etcd, not static"),
         ({"launcher": ()}, "launcher", "empty"),
         ({"srun_options": (("ntasks", "4"),)}, "srun_options", "leave it out"),
         ({"mem": "64GB"}, "mem", "not a memory size"),
@@ -214,6 +197,92 @@ def test_invalid_specs(changes: dict[str, object], field: str, needle: str) -> N
     with pytest.raises(SpecError, match=needle) as info:
         spec(**changes)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "field", "needle"),
+    [
+        ("etcd", {}, "rdzv", "--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar"),
+        ("c10d", {"etcd_sidecar": True}, "rdzv", "etcd settings are given but --rdzv is c10d; add"),
+        ("etcd", {"etcd_endpoint": ("h:99999",)}, "etcd_endpoint", "port from 1"),
+        ("etcd", {"etcd_endpoint": ("h",)}, "etcd_endpoint", "not host:port"),
+        ("etcd", {"etcd_endpoint": "h:1"}, "etcd_endpoint", "not a tuple"),
+        (
+            "etcd",
+            {"etcd_endpoint": ("h:1",), "etcd_sidecar": True},
+            "etcd_sidecar",
+            "exclude each other",
+        ),
+        ("static", {"etcd_user": "u"}, "rdzv", "add --rdzv etcd"),
+        (
+            "etcd",
+            {"etcd_endpoint": ("h:1",), "etcd_cert": "/c.pem"},
+            "etcd_cert",
+            "needs both --etcd-cert and --etcd-key",
+        ),
+        ("etcd", {"etcd_endpoint": ("h:1",), "etcd_key": "/k.pem"}, "etcd_key", "needs both"),
+        (
+            "etcd",
+            {"etcd_endpoint": ("h:1",), "etcd_password_file": "/p"},
+            "etcd_password_file",
+            "needs --etcd-user",
+        ),
+        (
+            "etcd",
+            {"etcd_sidecar": True, "etcd_cacert": "/ca.pem"},
+            "etcd_sidecar",
+            "an etcd of your own",
+        ),
+        ("zookeeper", {}, "rdzv", "'zookeeper' is not one of 'static', 'c10d', 'etcd'"),
+    ],
+)
+def test_invalid_rendezvous(name: str, given: dict[str, object], field: str, needle: str) -> None:
+    with pytest.raises(SpecError, match=needle) as info:
+        rendezvous.build(name, given)
+    assert info.value.field == field
+
+
+def test_rendezvous_settings_nest_by_backend() -> None:
+    assert list(rendezvous.BACKENDS) == ["static", "c10d", "etcd"]
+    assert rendezvous.choices() == "'static', 'c10d', 'etcd'"
+    assert rendezvous.elastic_names() == "c10d or etcd"
+    assert rendezvous.build("static", {}) == StaticRdzv()
+    # Not given: None, False and () (what an unset flag holds).
+    assert rendezvous.build("c10d", {"etcd_sidecar": False, "etcd_user": None}) == C10dRdzv()
+    etcd = rendezvous.build(
+        "etcd", {"etcd_endpoint": ("e1:2379", "[::1]:2379"), "etcd_user": "u", "etcd_key": None}
+    )
+    assert etcd == EtcdRdzv(endpoints=("e1:2379", "[::1]:2379"), user="u")
+    # The agent ignores the settings of a backend it does not run, as it always has.
+    assert rendezvous.build("c10d", {"etcd_user": "u"}, others=True) == C10dRdzv()
+    with pytest.raises(SpecError) as info:
+        rendezvous.build("c10d", {"etcd_user": "u", "etcd_endpoint": ("h:1",)})
+    assert info.value.fields == ("rdzv", "etcd_endpoint", "etcd_user")  # profile keys
+
+
+def test_flat_etcd_names_and_the_backend_name_stay_readable(tmp_path: Path) -> None:
+    """Templates read spec.rdzv (printed), spec.rdzv.value and the flat etcd_* names."""
+    template = tmp_path / "t.sh.j2"
+    template.write_text(
+        "{{ spec.rdzv }} {{ spec.rdzv.value }} {{ spec.etcd_endpoints|join(',') }}"
+        " {{ spec.etcd_sidecar }}{% if spec.etcd_user %} {{ spec.etcd_user }}{% endif %}\n"
+    )
+    rendered = render(JobSpec("t.py", template=str(template), rdzv=EtcdRdzv(sidecar=True)))
+    assert rendered == "etcd etcd '' true"  # trim_blocks takes the newline after endif
+    assert render(JobSpec("t.py", template=str(template))) == "c10d c10d '' false"
+    endpoints = EtcdRdzv(endpoints=("e1:1", "e2:2"), user="u")
+    assert render(JobSpec("t.py", template=str(template), rdzv=endpoints)) == (
+        "etcd etcd e1:1,e2:2 false u"
+    )
+    etcd = JobSpec("t.py", rdzv=EtcdRdzv(endpoints=("e1:2379",), binary="/opt/etcd"))
+    assert (str(etcd.rdzv), etcd.rdzv.value) == ("etcd", "etcd")
+    assert etcd.etcd_endpoints == ("e1:2379",) and etcd.etcd_binary == "/opt/etcd"
+    assert etcd.etcd_sidecar is False and etcd.etcd_user is None
+    plain = JobSpec("t.py")
+    assert plain.etcd_endpoints == () and plain.etcd_sidecar is False
+    assert plain.etcd_password_file is None
+    with pytest.raises(AttributeError):
+        plain.etcd_user = "u"  # type: ignore[misc]
 
 
 def test_invalid_entrypoints() -> None:

@@ -1,4 +1,6 @@
-"""How to reach etcd: endpoints, TLS files, user and password (pure, no client import)."""
+"""How to reach etcd: endpoints, TLS files, user and password (pure, no client import).
+
+The etcd settings as users give them are ``hpclaunch.job.rendezvous.EtcdRdzv``."""
 
 from __future__ import annotations
 
@@ -69,38 +71,3 @@ def read_password(env: Mapping[str, str], password_file: str | None) -> str | No
             )
         return lines[0]
     return env.get(PASSWORD_VAR) or None
-
-
-@dataclass(frozen=True)
-class EtcdFlags:
-    """The agent's etcd options, as given (paths, not secrets)."""
-
-    endpoints: tuple[str, ...] = ()
-    sidecar: bool = False
-    binary: str | None = None
-    cacert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    user: str | None = None
-    password_file: str | None = None
-
-    def rdzv_configs(self) -> dict[str, str]:
-        """What the hpclaunch-etcd handler reads from torch's rendezvous configs."""
-        given = {
-            "cacert": self.cacert, "cert": self.cert, "key": self.key,
-            "user": self.user, "password_file": self.password_file,
-        }  # fmt: skip
-        return {k: v for k, v in given.items() if v is not None}
-
-    def argv(self) -> list[str]:
-        """These options as ``hpclaunch agent`` flags (for the rendered script)."""
-        out = ["--etcd-endpoint", ",".join(self.endpoints)] if self.endpoints else []
-        if self.sidecar:
-            out.append("--etcd-sidecar")
-        flags = {"--etcd-binary": self.binary, **{
-            f"--etcd-{k.replace('_', '-')}": v for k, v in self.rdzv_configs().items()
-        }}  # fmt: skip
-        for flag, value in flags.items():
-            if value is not None:
-                out += [flag, value]
-        return out
