@@ -154,96 +154,125 @@ def supervise(
     """The batch step: run the step, then requeue, give up or end as the policy says.
     Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
     with forwarding() as forwarder:
-        job_id = int(env["SLURM_JOB_ID"])
-        requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
-        history = None
+        run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues)
+        gave_up = run.before_step()
+        if gave_up is not None:
+            return gave_up
+        result = run_step(argv, forwarder, grace_s, run.on_first_signal)
+        return run.after_step(result)
+
+
+class Supervisor:
+    """One run of the job in the batch step: before the step (the history, the budget),
+    on the first signal (a requeue by SLURM is recorded at once), and after the step
+    (the failure records, the policy's decision, and acting on it)."""
+
+    def __init__(
+        self, env: Mapping[str, str], slurm: Slurm, job_dir: Path | None,
+        max_requeues: int, max_failure_requeues: int,
+    ) -> None:  # fmt: skip
+        self.env, self.slurm, self.job_dir = env, slurm, job_dir
+        self.max_requeues, self.max_failure_requeues = max_requeues, max_failure_requeues
+        self.job_id = int(env["SLURM_JOB_ID"])
+        self.requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
+        self.history: History | None = None
         if job_dir is not None:
-            history = History.load(job_dir, job_id, max_requeues)
-            history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or history.checkpoint_dir
-        run = history.start(env, requeue_count) if history is not None else None
+            self.history = History.load(job_dir, self.job_id, max_requeues)
+            self.history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or self.history.checkpoint_dir
+        self.run = self.history.start(env, self.requeue_count) if self.history else None
+        self.finding: failures.Finding | None = None
+        self._lost: tuple[str, ...] | None = None  # kept out after SLURM's requeue, once
 
-        finding: failures.Finding | None = None
-
-        lost: list[tuple[str, ...]] = []  # the nodes kept out after SLURM's requeue, once
-
-        def record(status: int | None, first_signal: int | None, d: requeue.Decision) -> None:
-            if history is not None and run is not None and job_dir is not None:
-                error = finding.message if finding is not None and finding.message else None
-                if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
-                    error = f"node lost ({', '.join(d.exclude)} down or not responding)"
-                finish(run, status, first_signal, d, error)
-                history.save(job_dir)
-
-        def by_slurm() -> requeue.Decision:
-            if not lost:
-                before = history.excluded_nodes if history else []
-                lost.append(_keep_lost_out(slurm, job_id, _step_nodes(env), before))
-            return requeue.Decision(
-                requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, lost[0]
-            )
-
-        if requeue.over_budget(requeue_count, max_requeues):
+    def before_step(self) -> int | None:
+        """The exit status when the requeue budget is already spent, else None (the
+        history now records this run)."""
+        if requeue.over_budget(self.requeue_count, self.max_requeues):
             decision = requeue.gave_up()
             log.error(
                 "supervisor: the job was requeued %d times, more than --max-requeues %d; "
-                "giving up", requeue_count, max_requeues,
+                "giving up", self.requeue_count, self.max_requeues,
             )  # fmt: skip
-            record(None, None, decision)
+            self._record(None, None, decision)
             return decision.exit_status
-        if history is not None and job_dir is not None:
-            history.save(job_dir)
+        if self.history is not None and self.job_dir is not None:
+            self.history.save(self.job_dir)
+        return None
 
-        def early(first_signal: int) -> None:
-            # SLURM kills this process KillWait seconds after its SIGTERM, maybe before
-            # the step has ended: record a requeue by SLURM at once.
-            if first_signal in requeue.STOP_SIGNALS:
-                restarts = _slurm_restarts(slurm, job_id)
-                if restarts is not None and restarts > requeue_count:
-                    record(None, first_signal, by_slurm())
+    def on_first_signal(self, first_signal: int) -> None:
+        """SLURM kills this process KillWait seconds after its SIGTERM, maybe before the
+        step has ended: a requeue by SLURM is recorded at once."""
+        if first_signal in requeue.STOP_SIGNALS:
+            restarts = _slurm_restarts(self.slurm, self.job_id)
+            if restarts is not None and restarts > self.requeue_count:
+                self._record(None, first_signal, self._by_slurm())
 
-        result = run_step(argv, forwarder, grace_s, early)
-        restarts = _slurm_restarts(slurm, job_id) if result.signals else None
-        if result.status != 0 and not result.signals and job_dir is not None:
-            records = failures.read(job_dir, requeue_count)
-            finding = failures.classify(records, _step_nodes(env))
-            _print_root_cause(job_dir, requeue_count, failures.culprit(records, finding))
-            log.info("supervisor: failure records: %s %s", finding.verdict.value,
-                     " ".join(finding.nodes))  # fmt: skip
+    def after_step(self, result: StepResult) -> int:
+        """Decide what follows the step, act on it, record it; the exit status."""
+        restarts = _slurm_restarts(self.slurm, self.job_id) if result.signals else None
+        if result.status != 0 and not result.signals and self.job_dir is not None:
+            records = failures.read(self.job_dir, self.requeue_count)
+            self.finding = failures.classify(records, _step_nodes(self.env))
+            _print_root_cause(
+                self.job_dir, self.requeue_count, failures.culprit(records, self.finding)
+            )
+            log.info("supervisor: failure records: %s %s", self.finding.verdict.value,
+                     " ".join(self.finding.nodes))  # fmt: skip
+        history = self.history
         decision = requeue.decide(
             requeue.Situation(
-                result.status, result.first_signal, requeue_count, restarts, max_requeues,
-                finding, history.failure_requeues if history else 0, max_failure_requeues,
-                history.exclusion_errors if history else (),
-                job_dir is not None and JobFolder(job_dir).cancelled.exists(),
+                result.status, result.first_signal, self.requeue_count, restarts,
+                self.max_requeues, self.finding, history.failure_requeues if history else 0,
+                self.max_failure_requeues, history.exclusion_errors if history else (),
+                self.job_dir is not None and JobFolder(self.job_dir).cancelled.exists(),
             )
         )  # fmt: skip
+        decision = self._act(decision)
+        self._record(result.status, result.first_signal, decision)
+        return decision.exit_status
+
+    def _act(self, decision: requeue.Decision) -> requeue.Decision:
+        """Carry ``decision`` out; the decision as it ended (a refused requeue fails)."""
         if decision.action is requeue.Action.REQUEUE:
             log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
-                     decision.reason.value, requeue_count + 1, max_requeues,
+                     decision.reason.value, self.requeue_count + 1, self.max_requeues,
                      f" without {','.join(decision.exclude)}" if decision.exclude else "",
                      )  # fmt: skip
-            excluded = [*(history.excluded_nodes if history else []), *decision.exclude]
+            before = self.history.excluded_nodes if self.history else []
             try:
-                _requeue(slurm, job_id, list(dict.fromkeys(excluded)))
+                _requeue(self.slurm, self.job_id, list(dict.fromkeys([*before, *decision.exclude])))
             except SlurmError as exc:
                 log.error("supervisor: scontrol requeue failed, so the job ends: %s", exc)
-                failed = requeue.Decision(
+                return requeue.Decision(
                     requeue.Action.REQUEUE_FAILED, decision.reason, int(ExitCode.SLURM)
                 )
-                record(result.status, result.first_signal, failed)
-                return failed.exit_status
         elif decision.action is requeue.Action.GIVE_UP:
             log.error("supervisor: %s, but the job has been requeued %d times "
-                      "(--max-requeues %d); giving up", decision.reason.value, requeue_count,
-                      max_requeues)  # fmt: skip
+                      "(--max-requeues %d); giving up", decision.reason.value,
+                      self.requeue_count, self.max_requeues)  # fmt: skip
         elif decision.action is requeue.Action.SLURM_REQUEUES:
-            decision = by_slurm()
+            decision = self._by_slurm()
             log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or "
                      "a lost node); the next run resumes from the latest checkpoint")  # fmt: skip
         else:
             log.info("supervisor: job %s", decision.reason.value)
-        record(result.status, result.first_signal, decision)
-        return decision.exit_status
+        return decision
+
+    def _by_slurm(self) -> requeue.Decision:
+        if self._lost is None:
+            before = self.history.excluded_nodes if self.history else []
+            self._lost = _keep_lost_out(self.slurm, self.job_id, _step_nodes(self.env), before)
+        return requeue.Decision(
+            requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, self._lost
+        )
+
+    def _record(self, status: int | None, first_signal: int | None, d: requeue.Decision) -> None:
+        if self.history is None or self.run is None or self.job_dir is None:
+            return
+        error = self.finding.message if self.finding is not None and self.finding.message else None
+        if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
+            error = f"node lost ({', '.join(d.exclude)} down or not responding)"
+        finish(self.run, status, first_signal, d, error)
+        self.history.save(self.job_dir)
 
 
 def _requeue(slurm: Slurm, job_id: int, excluded: Sequence[str]) -> None:
