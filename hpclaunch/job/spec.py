@@ -166,6 +166,7 @@ class JobSpec:
     checkpoint_dir: str | None = None
     max_restarts: int = DEFAULT_MAX_RESTARTS
     max_requeues: int = DEFAULT_MAX_REQUEUES
+    max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
     rdzv: Rendezvous = Rendezvous.C10D
     etcd_endpoints: tuple[str, ...] = ()
@@ -216,6 +217,7 @@ class JobSpec:
             _check_count("cpus_per_task", self.cpus_per_task, 1)
         _check_count("max_restarts", self.max_restarts, 0)
         _check_count("max_requeues", self.max_requeues, 0)
+        _check_count("max_failure_requeues", self.max_failure_requeues, 0)
         _check_count("signal_lead", self.signal_lead_s, 1)
         if self.signal_lead_s > MAX_SIGNAL_LEAD_S:
             raise SpecError(

@@ -23,6 +23,7 @@ from hpclaunch.jobdir import failures, joblogs
 from hpclaunch.node.options import (
     HANDLED_SIGNALS,
     AgentOptions,
+    LaunchPlan,
     guarded,
     launched_as,
     starts_warm,
@@ -84,8 +85,7 @@ def etcd_sidecar(
         endpoint = server.endpoint
     else:
         endpoint = sidecar.find(ip, name, ports)
-    etcd = dataclasses.replace(opts.etcd, endpoints=(endpoint,))
-    return dataclasses.replace(opts, etcd=etcd), server
+    return dataclasses.replace(opts, etcd_endpoints=(endpoint,)), server
 
 
 def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:
@@ -104,7 +104,7 @@ def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeCon
 
 
 def launch(
-    ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any], env: Mapping[str, str]
+    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan, env: Mapping[str, str]
 ) -> int:
     """Run the workers through torch's elastic agent; return the exit status."""
     zygote = _fork_zygote() if starts_warm(opts) else None
@@ -145,7 +145,7 @@ def _signals(names: str) -> list[signal.Signals]:
 
 
 def _launch(
-    ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any],
+    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan,
     env: Mapping[str, str], zygote: Zygote | None,
 ) -> int:  # fmt: skip
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -189,10 +189,11 @@ def _launch(
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
-        settings["rdzv_backend"], settings["rdzv_endpoint"], logs.root_log_dir,
+        settings.rdzv_backend, settings.rdzv_endpoint, logs.root_log_dir,
     )  # fmt: skip
     try:
-        elastic_launch(LaunchConfig(**settings, logs_specs=logs), command)(*args)
+        config = LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs)
+        elastic_launch(config, command)(*args)
     except ChildFailedError as exc:
         block = _root_cause(exc, ctx, opts, logs.folder)
         if env.get(failures.SUPERVISED_VAR) == "1":
@@ -211,7 +212,7 @@ def _launch(
     except RendezvousError as exc:
         log.error(
             "rendezvous %s at %s failed: %s",
-            settings["rdzv_backend"], settings["rdzv_endpoint"], exc or type(exc).__name__,
+            settings.rdzv_backend, settings.rdzv_endpoint, exc or type(exc).__name__,
         )  # fmt: skip
         return 1
     except SignalException as exc:

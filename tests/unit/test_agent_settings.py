@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +30,11 @@ ENV = {
 }
 
 
-def settings(**changes: object) -> dict[str, object]:
+def settings(**changes: object) -> dict[str, Any]:
+    """The launch plan as torch's LaunchConfig keywords (and --dry-run's "launch")."""
     opts = AgentOptions(**{"entrypoint": "train.py", **changes})  # type: ignore[arg-type]
-    return launch_settings(NodeContext.from_env(ENV, nproc_per_node=4), opts, "n1", "n2")
+    plan = launch_settings(NodeContext.from_env(ENV, nproc_per_node=4), opts, "n1", "n2")
+    return plan.launch_config_kwargs()
 
 
 def test_c10d_settings_rank_the_first_node_zero() -> None:
@@ -80,7 +84,8 @@ def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
         endpoints=("e1:2379", "e2:2379"), cacert="/ca.pem", cert="/c.pem", key="/k.pem",
         user="trainer", password_file="/pw",
     )  # fmt: skip
-    s = settings(rdzv=Rendezvous.ETCD, etcd=flags, nnodes=NodeRange(1, 4))
+    etcd = {f"etcd_{k}": v for k, v in dataclasses.asdict(flags).items()}
+    s = settings(rdzv=Rendezvous.ETCD, nnodes=NodeRange(1, 4), **etcd)
     assert s["rdzv_backend"] == "hpclaunch-etcd" and s["rdzv_endpoint"] == "e1:2379,e2:2379"
     assert (s["min_nodes"], s["max_nodes"]) == (1, 2)
     assert s["rdzv_configs"] == {
@@ -99,9 +104,9 @@ def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
 
 def test_worker_command_and_env() -> None:
     assert worker_command(AgentOptions("t.py", ("--x",))) == (sys.executable, "-u", "t.py", "--x")
-    module = worker_command(AgentOptions("pkg.m", ("a",), EntryKind.MODULE))
+    module = worker_command(AgentOptions("pkg.m", ("a",), entry_kind=EntryKind.MODULE))
     assert module == (sys.executable, "-u", "-m", "pkg.m", "a")
-    binary = worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE))
+    binary = worker_command(AgentOptions("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE))
     assert binary == ("/bin/app", "a")
     entry, args = guarded(("/bin/app", "a"), 4321, None)
     assert entry == sys.executable and args[0].endswith("hpclaunch/node/worker_guard.py")
@@ -125,10 +130,10 @@ def test_node_multiple_rounds_the_range_to_multiples() -> None:
     ctx = NodeContext.from_env(three, nproc_per_node=1)
     opts = AgentOptions("t.py", nnodes=NodeRange(1, 4), node_multiple=2)
     s = launch_settings(ctx, opts, "n1", "n2")
-    assert (s["min_nodes"], s["max_nodes"]) == (2, 2)  # the third node stands by
-    assert s["rdzv_configs"]["node_multiple"] == 2  # type: ignore[index]
+    assert (s.min_nodes, s.max_nodes) == (2, 2)  # the third node stands by
+    assert s.rdzv_configs["node_multiple"] == 2
     fixed = launch_settings(ctx, AgentOptions("t.py", node_multiple=3), "n1", "n2")
-    assert (fixed["min_nodes"], fixed["max_nodes"]) == (3, 3)
+    assert (fixed.min_nodes, fixed.max_nodes) == (3, 3)
     with pytest.raises(
         ContextError, match="no count from 3 to 3 is a multiple of --node-multiple 2"
     ):
