@@ -19,6 +19,7 @@ from hpclaunch.node.options import (
     worker_command,
     worker_env,
 )
+from hpclaunch.rendezvous import backends
 from hpclaunch.rendezvous.etcd.access import EtcdFlags
 from hpclaunch.slurm.env import ContextError, NodeContext
 
@@ -141,3 +142,20 @@ def test_node_multiple_rounds_the_range_to_multiples() -> None:
     with pytest.raises(ContextError, match="--node-multiple needs --rdzv c10d or etcd"):
         launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv=Rendezvous.STATIC),
                         "n1", "n2")  # fmt: skip
+
+
+def test_a_backend_is_one_table_row() -> None:
+    def derive(req: backends.Request) -> tuple[str, dict[str, object]]:
+        return f"zk://{req.first_node}", {"rank": req.node_rank}
+
+    row = backends.Backend("hpclaunch-zk", derive, {"ZK": "1"})
+    request = backends.Request(node_rank=1, first_node="n1:2181", min_nodes=2, max_nodes=4,
+                               asked_nodes="2:4", node_multiple=2)  # fmt: skip
+    assert row.plan(request) == backends.RdzvPlan(
+        "hpclaunch-zk", "zk://n1:2181", {"rank": 1, "node_multiple": 2}
+    )
+    ctx = NodeContext.from_env(ENV, nproc_per_node=4)
+    plan = launch_settings(ctx, AgentOptions("t.py", rdzv=Rendezvous.STATIC), "n1", "n2")
+    assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("static", "n1:15077")
+    assert plan.launch_config_kwargs()["rdzv_configs"] == {"rank": 1}
+    assert worker_env(ctx, Rendezvous.STATIC)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
