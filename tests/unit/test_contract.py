@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from hpclaunch.cli.context import settings_options
+from hpclaunch.cli.context import TYPES, settings_options
 from hpclaunch.job.contract import Number, Script, Setting, from_values, table, to_argv
 from hpclaunch.job.spec import EntryKind, JobSpec, Rendezvous
 from hpclaunch.job.values import NodeRange
@@ -147,6 +147,16 @@ def test_bad_values_are_refused_by_the_one_parser(argv: list[str], needle: str) 
 
     result = CliRunner().invoke(command, argv)
     assert result.exit_code == 2 and needle in result.output, result.output
+
+
+def test_nodes_are_parsed_by_one_type_on_both_sides() -> None:
+    from hpclaunch.cli.agent import agent
+    from hpclaunch.cli.sbatch import sbatch
+
+    def nodes_type(command: click.Command, name: str) -> object:
+        return next(p.type for p in command.params if p.name == name)
+
+    assert nodes_type(agent, "nnodes") is nodes_type(sbatch, "nodes") is TYPES["nodes"]
 
 
 def test_every_rendezvous_has_a_backend_and_the_table_is_pure() -> None:
