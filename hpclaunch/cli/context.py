@@ -4,6 +4,8 @@ flag values with hpclaunch's own parsers."""
 
 from __future__ import annotations
 
+import enum
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -14,6 +16,7 @@ from typing import Any, NoReturn
 import click
 
 from hpclaunch.errors import HpclaunchError, SpecError
+from hpclaunch.job import contract
 from hpclaunch.job.spec import EntryKind
 from hpclaunch.slurm.commands import Slurm
 
@@ -89,20 +92,107 @@ def _types() -> dict[str, SpecParam]:
 TYPES = _types()
 
 
-def etcd_access_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """TLS and user options for an etcd of your own, shared by sbatch and agent.
-    No password option: it would land in the script and in ps."""
-    options = [
+class EnumChoice(click.Choice):  # type: ignore[type-arg]
+    """One of an enum's values on the command line, the enum member in the program."""
+
+    def __init__(self, kind: type[enum.Enum]) -> None:
+        super().__init__([member.value for member in kind])
+        self._kind = kind
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, self._kind):
+            return value
+        return self._kind(super().convert(value, param, ctx))
+
+
+def _param_type(kind: contract.Kind) -> Any:
+    """The click type that parses (and bounds) a value of ``kind``."""
+    if isinstance(kind, contract.Number):
+        if kind.min is None and kind.max is None:
+            return click.INT if kind.type is int else click.FLOAT
+        bounded = click.IntRange if kind.type is int else click.FloatRange
+        return bounded(kind.min, kind.max)
+    if isinstance(kind, contract.Choice):
+        return EnumChoice(kind.enum)
+    if isinstance(kind, contract.Name):
+        return click.Choice(list(kind.choices))
+    if isinstance(kind, contract.Folder):
+        return click.Path(file_okay=False, path_type=Path)
+    if isinstance(kind, contract.Parsed):
+        return TYPES[kind.type_name]
+    return None  # Text: click's default, a string
+
+
+def _member_param(decls: tuple[str, ...]) -> str:
+    return decls[-1].lstrip("-").replace("-", "_")
+
+
+def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
+    """The click option(s) of one settings row."""
+    kind, help_text = row.setting.kind, row.setting.help
+    if isinstance(kind, contract.Flags):
+        return [
+            click.option(*decls, _member_param(decls), is_flag=True, help=text)
+            for decls, text in kind.members.values()
+        ]
+    if isinstance(default, enum.Enum):
+        default = default.value  # click shows and converts the value, as typed
+    shown = default not in (None, (), False)
+    if isinstance(kind, contract.Flag):
+        decl = f"{row.setting.option}/{kind.off}" if kind.off else row.setting.option
+        flag = click.option(
+            decl, row.name, is_flag=True, default=default, show_default=shown, help=help_text
+        )
+        return [flag]
+    return [
         click.option(
-            "--etcd-binary", help="The etcd server for --etcd-sidecar. [default: etcd on PATH]"
-        ),
-        click.option("--etcd-cacert", help="CA certificate of the etcd server (turns on TLS)."),
-        click.option("--etcd-cert", help="Client certificate for etcd (with --etcd-key)."),
-        click.option("--etcd-key", help="Client certificate key for etcd."),
-        click.option("--etcd-user", help="etcd user; the password comes from --etcd-password-file "
-                     "or $HPCLAUNCH_ETCD_PASSWORD."),
-        click.option("--etcd-password-file", help="File whose first line is the etcd password."),
+            row.setting.option, row.name, type=_param_type(kind), default=default,
+            show_default=shown, help=help_text,
+        )
     ]  # fmt: skip
-    for option in reversed(options):
-        fn = option(fn)
+
+
+def settings_options(cls: type[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Generate the click options of settings dataclass ``cls`` from its table
+    (hpclaunch.job.contract). The command gets their values as one ``values``
+    mapping by field name, ready for ``contract.from_values``; a choice made by
+    several flags (``-m``/``--no-python``) exits 2 when more than one is given."""
+    rows = contract.table(cls)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            values = {row.name: _take(row, kwargs) for row in rows}
+            return fn(*args, values=values, **kwargs)
+
+        for row in reversed(rows):
+            for option in reversed(_options(row, row.default)):
+                command = option(command)
+        return command
+
+    return decorate
+
+
+def _take(row: contract.Row, kwargs: dict[str, Any]) -> Any:
+    """The value of ``row`` among a command's keyword arguments (removed from them)."""
+    kind = row.setting.kind
+    if not isinstance(kind, contract.Flags):
+        return kwargs.pop(row.name)
+    given = [(m, d) for m, (d, _) in kind.members.items() if kwargs.pop(_member_param(d))]
+    if len(given) > 1:
+        names = " and ".join("/".join(decls) for _, decls in given)
+        fail(SpecError(row.name, f"{names} exclude each other; give one"))
+    return given[0][0] if given else row.default
+
+
+def etcd_access_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """TLS and user options for an etcd of your own, as ``hpclaunch sbatch`` takes them:
+    the agent's own rows, without defaults (a profile may give them). No password
+    option: it would land in the script and in ps."""
+    from hpclaunch.node.options import AgentSettings
+
+    access = ("etcd_binary", "etcd_cacert", "etcd_cert", "etcd_key", "etcd_user")
+    rows = [r for r in contract.table(AgentSettings) if r.name in (*access, "etcd_password_file")]
+    for row in reversed(rows):
+        fn = _options(row, None)[0](fn)
     return fn

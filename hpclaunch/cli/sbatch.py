@@ -20,6 +20,7 @@ from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job import rendezvous
 from hpclaunch.job.spec import (
     DEFAULT_LOG_DIR,
+    DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_SIGNAL_LEAD_S,
@@ -64,6 +65,12 @@ from hpclaunch.job.spec import (
     "--max-requeues",
     type=int,
     help=f"Requeue budget given to the batch-step supervisor. [default: {DEFAULT_MAX_REQUEUES}]",
+)
+@click.option(
+    "--max-failure-requeues",
+    type=int,
+    help="Requeues without bad nodes the job gets (preemptions and time limits do not "
+    f"count). [default: {DEFAULT_MAX_FAILURE_REQUEUES}]",
 )
 @click.option(
     "--signal-lead",

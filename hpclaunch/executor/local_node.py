@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     opts = options.AgentOptions(
         entrypoint=WORKER_MODULE, args=(str(folder),), entry_kind=EntryKind.MODULE,
-        nproc_per_node=settings.nproc_per_node, rdzv=C10dRdzv(),
+        nproc_per_node=settings.nproc_per_node, rdzv=C10dRdzv.name,
         max_restarts=settings.max_restarts, job_dir=job_dir,
         grace_period_s=settings.grace_period_s,
     )  # fmt: skip

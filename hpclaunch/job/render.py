@@ -21,9 +21,11 @@ from typing import Any
 
 from hpclaunch._version import __version__
 from hpclaunch.errors import TemplateError
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
+from hpclaunch.job.spec import GpuDirective, JobSpec
 from hpclaunch.job.values import format_time
 from hpclaunch.jobdir import layout
+from hpclaunch.node.options import AgentSettings
+from hpclaunch.recovery.settings import SupervisorSettings
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 BUILTIN_PREFIX = "hpclaunch/"
@@ -170,29 +172,15 @@ def directives(spec: JobSpec) -> list[Shell]:
 
 
 def agent_argv(spec: JobSpec) -> list[str]:
-    """``hpclaunch agent ...`` as run on each node, up to the training command."""
-    argv = [
-        *spec.launcher,
-        "agent",
-        "--nnodes",
-        str(spec.nodes),
-        "--nproc-per-node",
-        str(spec.effective_nproc_per_node),
-        "--rdzv",
-        spec.rdzv.name,
-        "--max-restarts",
-        str(spec.max_restarts),
-        "--grace-period",
-        str(spec.agent_grace_s),
-    ]
-    if spec.node_multiple > 1:
-        argv += ["--node-multiple", str(spec.node_multiple)]
-    argv += spec.rdzv.argv()
-    if spec.entry_kind is EntryKind.MODULE:
-        argv.append("--module")
-    elif spec.entry_kind is EntryKind.EXECUTABLE:
-        argv.append("--no-python")
-    return argv
+    """``hpclaunch agent ...`` as run on each node, up to the training command: the
+    agent's settings for ``spec``, written by their own table. The built-in launch
+    line runs the step under ``hpclaunch supervise``: the agent is told so."""
+    return [*spec.launcher, "agent", *AgentSettings.from_spec(spec, supervised=True).to_argv()]
+
+
+def supervisor_argv(spec: JobSpec) -> list[str]:
+    """``hpclaunch supervise ...`` up to the step, but --job-dir (shell, added by context)."""
+    return ["hpclaunch", "supervise", *SupervisorSettings.from_spec(spec).to_argv()]
 
 
 def context(spec: JobSpec) -> dict[str, Any]:
@@ -203,11 +191,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
         if spec.checkpoint_dir is not None
         else Shell(f'"${layout.JOB_DIR_VAR}"/{layout.CHECKPOINTS}')
     )
-    supervisor = words(
-        "hpclaunch", "supervise", "--max-requeues", str(spec.max_requeues),
-        "--grace-period", str(spec.signal_lead_s), "--job-dir", Shell('"$HPCLAUNCH_JOB_DIR"'),
-        "--",
-    )  # fmt: skip
+    supervisor = words(supervisor_argv(spec), "--job-dir", Shell('"$HPCLAUNCH_JOB_DIR"'), "--")
     srun = words(
         "srun",
         Shell('--nodes="$SLURM_JOB_NUM_NODES"'),

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpclaunch.errors import SlurmError
-from hpclaunch.job.rendezvous import EtcdRdzv
 from hpclaunch.jobdir import failures, joblogs
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node.options import (
     HANDLED_SIGNALS,
     AgentOptions,
+    LaunchPlan,
     guarded,
     launched_as,
     starts_warm,
@@ -82,13 +82,13 @@ def etcd_sidecar(
     elif ctx.node_rank == 0:
         setpriv = shutil.which("setpriv")
         guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else None
-        binary = opts.rdzv.binary if isinstance(opts.rdzv, EtcdRdzv) else None
+        binary = opts.etcd_binary
         server = sidecar.Sidecar.start(binary, name, ip, ports, guard)
         endpoint = server.endpoint
     else:
         endpoint = sidecar.find(ip, name, ports)
     # Found: from here on the agent sees an etcd of its own at that endpoint.
-    return dataclasses.replace(opts, rdzv=EtcdRdzv(endpoints=(endpoint,))), server
+    return dataclasses.replace(opts, etcd_endpoints=(endpoint,), etcd_sidecar=False), server
 
 
 def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:
@@ -108,7 +108,7 @@ def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeCon
 
 
 def launch(
-    ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any], env: Mapping[str, str]
+    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan, env: Mapping[str, str]
 ) -> int:
     """Run the workers through torch's elastic agent; return the exit status."""
     zygote = _fork_zygote() if starts_warm(opts) else None
@@ -149,7 +149,7 @@ def _signals(names: str) -> list[signal.Signals]:
 
 
 def _launch(
-    ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any],
+    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan,
     env: Mapping[str, str], zygote: Zygote | None,
 ) -> int:  # fmt: skip
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -193,10 +193,11 @@ def _launch(
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
-        settings["rdzv_backend"], settings["rdzv_endpoint"], logs.root_log_dir,
+        settings.rdzv_backend, settings.rdzv_endpoint, logs.root_log_dir,
     )  # fmt: skip
     try:
-        elastic_launch(LaunchConfig(**settings, logs_specs=logs), command)(*args)
+        config = LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs)
+        elastic_launch(config, command)(*args)
     except ChildFailedError as exc:
         block = _root_cause(exc, ctx, opts, logs.folder)
         if env.get(failures.SUPERVISED_VAR) == "1":
@@ -215,7 +216,7 @@ def _launch(
     except RendezvousError as exc:
         log.error(
             "rendezvous %s at %s failed: %s",
-            settings["rdzv_backend"], settings["rdzv_endpoint"], exc or type(exc).__name__,
+            settings.rdzv_backend, settings.rdzv_endpoint, exc or type(exc).__name__,
         )  # fmt: skip
         return 1
     except SignalException as exc:

@@ -1,56 +1,202 @@
 """The agent's settings and its launch plan, pure: what ``hpclaunch agent`` was
-asked for, the worker command, and torch's LaunchConfig arguments for this node.
+asked for (``AgentSettings``, the one contract between the rendered script and
+the agent), the worker command, and torch's LaunchConfig arguments for this node.
 No torch, no I/O."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
-from hpclaunch.job.spec import DEFAULT_GRACE_PERIOD_S, EntryKind, WorkerStart
+from hpclaunch.errors import SpecError
+from hpclaunch.job import rendezvous
+from hpclaunch.job.contract import (
+    Choice,
+    Flag,
+    Flags,
+    Folder,
+    Name,
+    Number,
+    Parsed,
+    Script,
+    Text,
+    setting,
+    to_argv,
+)
+from hpclaunch.job.rendezvous import Rendezvous
+from hpclaunch.job.spec import (
+    DEFAULT_GRACE_PERIOD_S,
+    DEFAULT_MAX_RESTARTS,
+    EntryKind,
+    WorkerStart,
+)
 from hpclaunch.job.values import NodeRange
+from hpclaunch.rendezvous import backends
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder
+
+if TYPE_CHECKING:
+    from hpclaunch.job.spec import JobSpec
 
 # SLURM's time-limit warning and the preemption signals reach the agent; torch's agent
 # handles only the first four by default and dies of the others, orphaning its workers.
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 # What the agent puts before each line it copies from a worker's output (--tee).
 LINE_PREFIX = "[rank${rank}] "
-# etcd rendezvous: once MIN nodes are in, how long to wait for the rest (torch: 30 s);
-# heartbeats every ETCD_HEARTBEAT_S, a node missing ETCD_MISSED_HEARTBEATS of them is dead.
-ETCD_LAST_CALL_S = 3
-ETCD_HEARTBEAT_S = 2
-ETCD_MISSED_HEARTBEATS = 3
 # torch's own sleep between looks at the workers; the real wait is event-driven.
 MONITOR_SLEEP_S = 0.001
 
+_ETCD_USER_HELP = (
+    "etcd user; the password comes from --etcd-password-file or $HPCLAUNCH_ETCD_PASSWORD."
+)
+_ENTRY_FLAGS = Flags({
+    EntryKind.MODULE: (("-m", "--module"), "SCRIPT is a Python module name."),
+    EntryKind.EXECUTABLE: (("--no-python",), "SCRIPT is an executable."),
+})  # fmt: skip
+
 
 @dataclass(frozen=True)
-class AgentOptions:
-    """What ``hpclaunch agent`` was asked for."""
+class AgentSettings:
+    """What ``hpclaunch agent`` was asked for. Each field with a row (``setting``) is
+    an option of the command, generated from it, and the script passes it as its row
+    says (``to_argv``); the training command (entrypoint, args) follows ``--``."""
 
     entrypoint: str
     args: tuple[str, ...] = ()
-    entry_kind: EntryKind = EntryKind.SCRIPT
-    nnodes: NodeRange | None = None  # None: the step's node count
-    nproc_per_node: int | None = None
-    rdzv: Rendezvous = C10dRdzv()  # noqa: RUF009 - frozen, so one shared default is safe
-    max_restarts: int = 3
-    master_addr: str | None = None
-    master_port: int | None = None
-    rank_order: RankOrder = RankOrder.SLURM
+    nnodes: NodeRange | None = setting(
+        None, "--nnodes", Parsed("nodes"), "N or MIN:MAX nodes. [default: the step's]",
+        Script.ALWAYS,
+    )  # fmt: skip
+    nproc_per_node: int | None = setting(
+        None, "--nproc-per-node", Number(int), "Workers on this node. "
+        "[default: SLURM_GPUS_ON_NODE, else CUDA_VISIBLE_DEVICES' count, else 1]",
+        Script.ALWAYS,
+    )  # fmt: skip
+    rdzv: str = setting(
+        rendezvous.DEFAULT.name, "--rdzv", Name(tuple(rendezvous.BACKENDS)), "Rendezvous "
+        "backend: static (fixed ranks from SLURM), c10d (a store on the first node) or etcd.",
+        Script.ALWAYS,
+    )  # fmt: skip
+    etcd_endpoints: tuple[str, ...] = setting(
+        (), "--etcd-endpoint", Parsed("endpoints", ",".join),
+        "etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
+    )  # fmt: skip
+    etcd_sidecar: bool = setting(
+        False, "--etcd-sidecar", Flag(), "The first node starts an etcd server for the job."
+    )
+    node_multiple: int = setting(
+        1, "--node-multiple", Number(int, min=1),
+        "Run on a multiple of K nodes; the nodes beyond it stand by as spares.",
+    )  # fmt: skip
+    etcd_binary: str | None = setting(
+        None, "--etcd-binary", Text(), "The etcd server for --etcd-sidecar. [default: etcd on PATH]"
+    )
+    etcd_cacert: str | None = setting(
+        None, "--etcd-cacert", Text(), "CA certificate of the etcd server (turns on TLS)."
+    )
+    etcd_cert: str | None = setting(
+        None, "--etcd-cert", Text(), "Client certificate for etcd (with --etcd-key)."
+    )
+    etcd_key: str | None = setting(None, "--etcd-key", Text(), "Client certificate key for etcd.")
+    etcd_user: str | None = setting(None, "--etcd-user", Text(), _ETCD_USER_HELP)
+    etcd_password_file: str | None = setting(
+        None, "--etcd-password-file", Text(), "File whose first line is the etcd password."
+    )
+    max_restarts: int = setting(
+        DEFAULT_MAX_RESTARTS, "--max-restarts", Number(int, min=0),
+        "In-place restarts of this node's worker group.", Script.ALWAYS,
+    )  # fmt: skip
+    master_addr: str | None = setting(
+        None, "--master-addr", Text(),
+        "Address of the first node. [default: its name, or its NodeAddr]", Script.NEVER,
+    )  # fmt: skip
+    master_port: int | None = setting(
+        None, "--master-port", Number(int, min=1, max=65535),
+        "Rendezvous port. [default: 15000 + job id % 10000]", Script.NEVER,
+    )  # fmt: skip
+    rank_order: RankOrder = setting(
+        RankOrder.SLURM, "--rank-order", Choice(RankOrder),
+        "topology: nodes under one leaf switch get consecutive ranks.", Script.NEVER,
+    )  # fmt: skip
+    job_dir: Path | None = setting(
+        None, "--job-dir", Folder(), "Job folder; per-rank logs go to its logs/. "
+        "[default: $HPCLAUNCH_JOB_DIR, else hpclaunch-logs/JOBID]", Script.NEVER,
+    )  # fmt: skip
+    tee: bool = setting(
+        True, "--tee", Flag(off="--no-tee"),
+        "Also copy every rank's output to the agent's, each line prefixed [rankN].",
+        Script.NEVER,
+    )  # fmt: skip
+    grace_period_s: float = setting(
+        DEFAULT_GRACE_PERIOD_S, "--grace-period", Number(float, min=0),
+        "Seconds the workers get to exit after a signal is passed on, before SIGKILL.",
+        Script.ALWAYS,
+    )  # fmt: skip
+    worker_start: WorkerStart = setting(
+        WorkerStart.WARM, "--worker-start", Choice(WorkerStart),
+        "warm: python workers are forked from a copy of the agent that has imported "
+        "torch (fast launch and restart); fresh: a new interpreter each, as torchrun does.",
+        Script.NEVER,
+    )  # fmt: skip
+    supervised: bool = setting(
+        False, "--supervised", Flag(),
+        "Set by the rendered script when the supervisor runs the step.",
+    )  # fmt: skip
+    entry_kind: EntryKind = setting(EntryKind.SCRIPT, "--module", _ENTRY_FLAGS, "What SCRIPT is.")
+    # How long the agent waits for a worker's exit between its other checks.
     monitor_interval_s: float = 0.1
-    job_dir: Path | None = None  # None: HPCLAUNCH_JOB_DIR, else LOG_DIR/JOBID
-    tee: bool = True
-    grace_period_s: int = DEFAULT_GRACE_PERIOD_S
-    node_multiple: int = 1
-    worker_start: WorkerStart = WorkerStart.WARM
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, *, supervised: bool = False) -> AgentSettings:
+        """The settings the rendered script gives every node's agent for ``spec``;
+        ``supervised``: the step runs under ``hpclaunch supervise``."""
+        # The spec's rendezvous settings are read here and nowhere else in the script.
+        return cls(
+            entrypoint=spec.entrypoint, args=spec.args, entry_kind=spec.entry_kind,
+            nnodes=spec.nodes, nproc_per_node=spec.effective_nproc_per_node, rdzv=spec.rdzv.name,
+            max_restarts=spec.max_restarts, grace_period_s=spec.agent_grace_s,
+            node_multiple=spec.node_multiple, supervised=supervised,
+            etcd_endpoints=spec.etcd_endpoints, etcd_sidecar=spec.etcd_sidecar,
+            etcd_binary=spec.etcd_binary, etcd_cacert=spec.etcd_cacert, etcd_cert=spec.etcd_cert,
+            etcd_key=spec.etcd_key, etcd_user=spec.etcd_user,
+            etcd_password_file=spec.etcd_password_file,
+        )  # fmt: skip
+
+    def to_argv(self) -> list[str]:
+        """The agent's options as the rendered script writes them (before ``--``)."""
+        return to_argv(self)
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        """The rendezvous settings these options name, nested as JobSpec holds them; the
+        options of another backend are ignored. Raises ContextError (e.g. --rdzv etcd
+        with neither --etcd-endpoint nor --etcd-sidecar)."""
+        flat = {
+            key: getattr(self, attr)
+            for key in rendezvous.SETTING_KEYS
+            for attr in [{"etcd_endpoint": "etcd_endpoints"}.get(key, key)]
+        }
+        try:
+            return rendezvous.build(self.rdzv, flat, others=True)
+        except SpecError as exc:
+            raise ContextError(exc.message) from None
+
+    @property
+    def shutdown_timeout_s(self) -> int:
+        """--grace-period as the whole seconds torch's shutdown timeout takes (rounded
+        up, so that a grace period given stays one)."""
+        return math.ceil(self.grace_period_s)
 
 
-def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
+# The name this module's users knew; the settings are the options.
+AgentOptions = AgentSettings
+
+
+def node_range(ctx: NodeContext, opts: AgentSettings) -> tuple[int, int]:
     """(min, max) nodes for the rendezvous. Raises ContextError when the step does not fit."""
     if opts.nnodes is None:
         low = ctx.nnodes
@@ -76,7 +222,7 @@ def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
     return low, high
 
 
-def worker_command(opts: AgentOptions) -> tuple[str, ...]:
+def worker_command(opts: AgentSettings) -> tuple[str, ...]:
     """What each worker runs: python -u SCRIPT, python -u -m MODULE, or the executable."""
     if opts.entry_kind is EntryKind.MODULE:
         return (sys.executable, "-u", "-m", opts.entrypoint, *opts.args)
@@ -97,13 +243,13 @@ def guarded(
     return sys.executable, (guard, str(agent_pid), *command)
 
 
-def starts_warm(opts: AgentOptions) -> bool:
+def starts_warm(opts: AgentSettings) -> bool:
     """Whether the workers are forked from the zygote (python scripts and modules)."""
     return opts.worker_start is WorkerStart.WARM and opts.entry_kind is not EntryKind.EXECUTABLE
 
 
 def launched_as(
-    opts: AgentOptions, agent_pid: int, setpriv: str | None
+    opts: AgentSettings, agent_pid: int, setpriv: str | None
 ) -> tuple[str, tuple[str, ...]]:
     """The (entrypoint, args) pair torch's elastic_launch is given for the workers: the
     python command line itself when the zygote starts them (they die with it), else
@@ -114,65 +260,66 @@ def launched_as(
     return guarded(command, agent_pid, setpriv)
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """This node's launch, as torch's LaunchConfig takes it (field for field, in the
+    order ``hpclaunch agent --dry-run`` prints them)."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    run_id: str
+    rdzv_endpoint: str
+    rdzv_backend: str
+    rdzv_configs: Mapping[str, object]
+    max_restarts: int
+    # torch sleeps this long between looks at the workers; RecordingAgent waits
+    # instead for a worker's exit, up to monitor_interval_s (hpclaunch's interval).
+    monitor_interval: float
+    start_method: str
+    local_addr: str
+    signals_to_handle: str
+    shutdown_timeout: int
+    log_line_prefix_template: str | None
+
+    def launch_config_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of torch's LaunchConfig (all but logs_specs, which
+        the agent gives), also what ``--dry-run`` prints as ``launch``. (Any: torch's
+        own types, each field typed above.)"""
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        kwargs["rdzv_configs"] = dict(self.rdzv_configs)
+        return kwargs
+
+
 def launch_settings(
-    ctx: NodeContext, opts: AgentOptions, master_addr: str, local_addr: str
-) -> dict[str, Any]:
-    """The keyword arguments of torch's LaunchConfig for this node (pure)."""
+    ctx: NodeContext, opts: AgentSettings, master_addr: str, local_addr: str
+) -> LaunchPlan:
+    """This node's launch plan (pure). Raises ContextError when the step does not fit
+    the settings or the rendezvous backend cannot serve them."""
     low, high = node_range(ctx, opts)
-    endpoint = f"{master_addr}:{ctx.master_port}"
-    configs: dict[str, Any]
-    if isinstance(opts.rdzv, StaticRdzv):
-        if opts.node_multiple > 1:
-            raise ContextError("--node-multiple needs --rdzv c10d or etcd, not static")
-        if low != high:
-            raise ContextError(f"static rendezvous needs a fixed node count, not {opts.nnodes}")
-        backend, configs = "static", {"rank": ctx.node_rank}
-    elif isinstance(opts.rdzv, EtcdRdzv):
-        if not opts.rdzv.endpoints:  # --etcd-sidecar whose endpoint was not looked up
-            raise ContextError("--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar")
-        backend, endpoint = "hpclaunch-etcd", ",".join(opts.rdzv.endpoints)
-        configs = {
-            "node_rank": ctx.node_rank, "last_call_timeout": ETCD_LAST_CALL_S,
-            "keep_alive_interval": ETCD_HEARTBEAT_S,
-            "keep_alive_max_attempt": ETCD_MISSED_HEARTBEATS, **opts.rdzv.rdzv_configs(),
-        }  # fmt: skip
-    else:
-        # The first node hosts the store and, by its descriptor's order, is rank 0.
-        backend, configs = (
-            "hpclaunch-c10d",
-            {"node_rank": ctx.node_rank, "is_host": ctx.node_rank == 0},
-        )
-    if opts.node_multiple > 1:
-        configs["node_multiple"] = opts.node_multiple
-    return {
-        "min_nodes": low,
-        "max_nodes": high,
-        "nproc_per_node": ctx.nproc_per_node,
-        "run_id": f"hpclaunch-{ctx.job_id}-{ctx.restart_count}",
-        "rdzv_endpoint": endpoint,
-        "rdzv_backend": backend,
-        "rdzv_configs": configs,
-        "max_restarts": opts.max_restarts,
-        # torch sleeps this long between looks at the workers; RecordingAgent waits
-        # instead for a worker's exit, up to monitor_interval_s (hpclaunch's interval).
-        "monitor_interval": MONITOR_SLEEP_S,
-        "start_method": "spawn",
-        "local_addr": local_addr,
-        "signals_to_handle": HANDLED_SIGNALS,
-        "shutdown_timeout": opts.grace_period_s,
-        "log_line_prefix_template": LINE_PREFIX if opts.tee else None,
-    }
+    request = backends.Request(
+        node_rank=ctx.node_rank, first_node=f"{master_addr}:{ctx.master_port}",
+        min_nodes=low, max_nodes=high, asked_nodes=str(opts.nnodes),
+        node_multiple=opts.node_multiple, rdzv=opts.rendezvous,
+    )  # fmt: skip
+    rdzv = backends.BACKENDS[opts.rdzv].plan(request)
+    return LaunchPlan(
+        min_nodes=low, max_nodes=high, nproc_per_node=ctx.nproc_per_node,
+        run_id=f"hpclaunch-{ctx.job_id}-{ctx.restart_count}",
+        rdzv_endpoint=rdzv.endpoint, rdzv_backend=rdzv.backend, rdzv_configs=rdzv.configs,
+        max_restarts=opts.max_restarts, monitor_interval=MONITOR_SLEEP_S, start_method="spawn",
+        local_addr=local_addr, signals_to_handle=HANDLED_SIGNALS,
+        shutdown_timeout=opts.shutdown_timeout_s,
+        log_line_prefix_template=LINE_PREFIX if opts.tee else None,
+    )  # fmt: skip
 
 
-def worker_env(ctx: NodeContext, rdzv: Rendezvous) -> dict[str, str]:
+def worker_env(ctx: NodeContext, rdzv: str) -> dict[str, str]:
+    # rdzv: the backend's name, as --rdzv takes it
     """hpclaunch's part of the worker environment (torch adds torchrun's variables)."""
-    env = {
+    return {
         "HPCLAUNCH_JOB_ID": str(ctx.job_id),
         "HPCLAUNCH_REQUEUE_COUNT": str(ctx.restart_count),
         "HPCLAUNCH_NODE_RANK": str(ctx.node_rank),
+        **backends.BACKENDS[rdzv].worker_env,
     }
-    if isinstance(rdzv, StaticRdzv):
-        # torch 2.13's shared agent store makes restarted workers read the previous
-        # attempt's addresses now and then; hpclaunch-c10d switches per round itself.
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return env

@@ -1,6 +1,7 @@
 """What runs inside torch's elastic agent: the ranked c10d and the etcd v3 rendezvous,
-per-rank logs, failure records. Every module here but this one imports torch; only
-``hpclaunch.node.agent.launch`` (and torch itself, through the entry point below) imports them."""
+per-rank logs, failure records. Every module here but this one and ``backends`` (the
+pure backend table) imports torch; only ``hpclaunch.node.agent.launch`` (and torch
+itself, through the entry point below) imports them."""
 
 from __future__ import annotations
 

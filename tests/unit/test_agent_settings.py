@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, StaticRdzv
+from hpclaunch.job.rendezvous import EtcdRdzv
 from hpclaunch.job.spec import EntryKind
 from hpclaunch.job.values import NodeRange
 from hpclaunch.node.agent import job_folder
@@ -18,6 +20,7 @@ from hpclaunch.node.options import (
     worker_command,
     worker_env,
 )
+from hpclaunch.rendezvous import backends
 from hpclaunch.slurm.env import ContextError, NodeContext
 
 ENV = {
@@ -28,9 +31,11 @@ ENV = {
 }
 
 
-def settings(**changes: object) -> dict[str, object]:
+def settings(**changes: object) -> dict[str, Any]:
+    """The launch plan as torch's LaunchConfig keywords (and --dry-run's "launch")."""
     opts = AgentOptions(**{"entrypoint": "train.py", **changes})  # type: ignore[arg-type]
-    return launch_settings(NodeContext.from_env(ENV, nproc_per_node=4), opts, "n1", "n2")
+    plan = launch_settings(NodeContext.from_env(ENV, nproc_per_node=4), opts, "n1", "n2")
+    return plan.launch_config_kwargs()
 
 
 def test_c10d_settings_rank_the_first_node_zero() -> None:
@@ -63,16 +68,16 @@ def test_job_folder() -> None:
 
 
 def test_static_and_elastic_and_etcd() -> None:
-    s = settings(rdzv=StaticRdzv())
+    s = settings(rdzv="static")
     assert s["rdzv_backend"] == "static" and s["rdzv_configs"] == {"rank": 1}
     elastic = settings(nnodes=NodeRange(1, 4))  # the step has 2 nodes: no wait for 4
     assert (elastic["min_nodes"], elastic["max_nodes"]) == (1, 2)
     with pytest.raises(ContextError, match="step has 2 nodes but --nnodes is 3:4"):
         settings(nnodes=NodeRange(3, 4))
     with pytest.raises(ContextError, match="static rendezvous needs a fixed node count"):
-        settings(rdzv=StaticRdzv(), nnodes=NodeRange(1, 2))
+        settings(rdzv="static", nnodes=NodeRange(1, 2))
     with pytest.raises(ContextError, match="--rdzv etcd needs --etcd-endpoint"):
-        settings(rdzv=EtcdRdzv(sidecar=True))  # the sidecar's endpoint not looked up
+        settings(rdzv="etcd")
 
 
 def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
@@ -80,7 +85,8 @@ def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
         endpoints=("e1:2379", "e2:2379"), cacert="/ca.pem", cert="/c.pem", key="/k.pem",
         user="trainer", password_file="/pw",
     )  # fmt: skip
-    s = settings(rdzv=flags, nnodes=NodeRange(1, 4))
+    etcd = {f"etcd_{k}": v for k, v in dataclasses.asdict(flags).items()}
+    s = settings(rdzv="etcd", nnodes=NodeRange(1, 4), **etcd)
     assert s["rdzv_backend"] == "hpclaunch-etcd" and s["rdzv_endpoint"] == "e1:2379,e2:2379"
     assert (s["min_nodes"], s["max_nodes"]) == (1, 2)
     assert s["rdzv_configs"] == {
@@ -99,9 +105,9 @@ def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
 
 def test_worker_command_and_env() -> None:
     assert worker_command(AgentOptions("t.py", ("--x",))) == (sys.executable, "-u", "t.py", "--x")
-    module = worker_command(AgentOptions("pkg.m", ("a",), EntryKind.MODULE))
+    module = worker_command(AgentOptions("pkg.m", ("a",), entry_kind=EntryKind.MODULE))
     assert module == (sys.executable, "-u", "-m", "pkg.m", "a")
-    binary = worker_command(AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE))
+    binary = worker_command(AgentOptions("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE))
     assert binary == ("/bin/app", "a")
     entry, args = guarded(("/bin/app", "a"), 4321, None)
     assert entry == sys.executable and args[0].endswith("hpclaunch/node/worker_guard.py")
@@ -110,13 +116,13 @@ def test_worker_command_and_env() -> None:
         "/usr/bin/setpriv",
         ("--pdeathsig", "KILL", "--", "/bin/app", "a"),
     )
-    env = worker_env(NodeContext.from_env(ENV), C10dRdzv())
+    env = worker_env(NodeContext.from_env(ENV), "c10d")
     assert env == {
         "HPCLAUNCH_JOB_ID": "77",
         "HPCLAUNCH_REQUEUE_COUNT": "2",
         "HPCLAUNCH_NODE_RANK": "1",
     }
-    static = worker_env(NodeContext.from_env(ENV), StaticRdzv())
+    static = worker_env(NodeContext.from_env(ENV), "static")
     assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
@@ -125,14 +131,31 @@ def test_node_multiple_rounds_the_range_to_multiples() -> None:
     ctx = NodeContext.from_env(three, nproc_per_node=1)
     opts = AgentOptions("t.py", nnodes=NodeRange(1, 4), node_multiple=2)
     s = launch_settings(ctx, opts, "n1", "n2")
-    assert (s["min_nodes"], s["max_nodes"]) == (2, 2)  # the third node stands by
-    assert s["rdzv_configs"]["node_multiple"] == 2  # type: ignore[index]
+    assert (s.min_nodes, s.max_nodes) == (2, 2)  # the third node stands by
+    assert s.rdzv_configs["node_multiple"] == 2
     fixed = launch_settings(ctx, AgentOptions("t.py", node_multiple=3), "n1", "n2")
-    assert (fixed["min_nodes"], fixed["max_nodes"]) == (3, 3)
+    assert (fixed.min_nodes, fixed.max_nodes) == (3, 3)
     with pytest.raises(
         ContextError, match="no count from 3 to 3 is a multiple of --node-multiple 2"
     ):
         launch_settings(ctx, AgentOptions("t.py", node_multiple=2), "n1", "n2")
     with pytest.raises(ContextError, match="--node-multiple needs --rdzv c10d or etcd"):
-        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv=StaticRdzv()),
+        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv="static"),
                         "n1", "n2")  # fmt: skip
+
+
+def test_a_backend_is_one_table_row() -> None:
+    def derive(req: backends.Request) -> tuple[str, dict[str, object]]:
+        return f"zk://{req.first_node}", {"rank": req.node_rank}
+
+    row = backends.Backend("hpclaunch-zk", derive, {"ZK": "1"})
+    request = backends.Request(node_rank=1, first_node="n1:2181", min_nodes=2, max_nodes=4,
+                               asked_nodes="2:4", node_multiple=2)  # fmt: skip
+    assert row.plan(request) == backends.RdzvPlan(
+        "hpclaunch-zk", "zk://n1:2181", {"rank": 1, "node_multiple": 2}
+    )
+    ctx = NodeContext.from_env(ENV, nproc_per_node=4)
+    plan = launch_settings(ctx, AgentOptions("t.py", rdzv="static"), "n1", "n2")
+    assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("static", "n1:15077")
+    assert plan.launch_config_kwargs()["rdzv_configs"] == {"rank": 1}
+    assert worker_env(ctx, "static")["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hpclaunch.cli import CliContext, main
+from hpclaunch.job.profiles import PROFILE_KEYS
 from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
 
@@ -189,3 +190,47 @@ def test_agent_mistyped_option_is_not_taken_for_the_script(project: Path) -> Non
     result = CliRunner().invoke(main, ["agent", "--nproc-per-nod", "2", "train.py"], obj=obj)
     assert result.exit_code == 2
     assert "No such option '--nproc-per-nod'" in result.stderr
+
+
+def agent_dry_run(project: Path, *args: str) -> Result:
+    env = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NODEID": "0"}
+    obj = CliContext(slurm=Slurm(FakeRunner({})), cwd=project, env=env)
+    argv = ["agent", "--dry-run", "--master-addr", "10.0.0.1", *args, "train.py"]
+    return CliRunner().invoke(main, argv, obj=obj)
+
+
+def test_agent_options_come_from_the_settings_table(project: Path) -> None:
+    result = agent_dry_run(project, "--grace-period", "2.5", "--supervised", "--nnodes", "1:2")
+    assert result.exit_code == 0, result.output
+    launch = json.loads(result.stdout)["launch"]
+    assert launch["shutdown_timeout"] == 3  # torch's whole seconds, rounded up
+    assert (launch["min_nodes"], launch["max_nodes"]) == (1, 2)
+    assert list(launch) == [
+        "min_nodes", "max_nodes", "nproc_per_node", "run_id", "rdzv_endpoint", "rdzv_backend",
+        "rdzv_configs", "max_restarts", "monitor_interval", "start_method", "local_addr",
+        "signals_to_handle", "shutdown_timeout", "log_line_prefix_template",
+    ]  # fmt: skip
+    both = agent_dry_run(project, "-m", "--no-python")
+    assert both.exit_code == 2
+    assert "Error: -m/--module and --no-python exclude each other; give one" in both.stderr
+    bad = agent_dry_run(project, "--nnodes", "2-4")
+    assert bad.exit_code == 2 and "for a range write 2:4" in bad.stderr
+
+
+def test_sbatch_offers_max_failure_requeues(project: Path) -> None:
+    result = CliRunner().invoke(main, ["sbatch", "--help"])
+    assert "--max-failure-requeues" in result.stdout
+
+
+@pytest.mark.skipif(
+    "max_failure_requeues" not in {field for field, _ in PROFILE_KEYS.values()},
+    reason="needs the profile key max_failure_requeues (the JobSpec/profiles change)",
+)
+def test_sbatch_passes_max_failure_requeues_to_the_supervisor(project: Path) -> None:
+    result = run(project, ["--dry-run", "--max-failure-requeues", "5", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "supervise --max-requeues 3 --grace-period 120 --max-failure-requeues 5 " in (
+        result.stdout
+    )
+    bad = run(project, ["--dry-run", "--max-failure-requeues", "-1", "train.py"])
+    assert bad.exit_code == 2 and "--max-failure-requeues: -1 is below the minimum" in bad.stderr

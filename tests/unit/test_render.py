@@ -96,9 +96,18 @@ def test_launch_line_supervisor_srun_agent_training() -> None:
     agent = argv[argv.index("agent") :]
     assert agent == [
         "agent", "--nnodes", "2:4", "--nproc-per-node", "8", "--rdzv", "c10d",
-        "--max-restarts", "5", "--grace-period", "90", "--", "train.py", "--lr", "3e-4",
+        "--max-restarts", "5", "--grace-period", "90", "--supervised", "--", "train.py",
+        "--lr", "3e-4",
     ]  # fmt: skip
     assert "#SBATCH --nodes=2-4" in render(job)
+    assert "--max-failure-requeues" not in argv  # the supervisor's default is the spec's
+
+
+def test_failure_requeues_reach_the_supervisor() -> None:
+    argv = launch_words(render(JobSpec("t.py", max_failure_requeues=0)))
+    supervise = argv[: argv.index("srun")]
+    assert supervise[supervise.index("--max-failure-requeues") + 1] == "0"
+    assert supervise[-3:] == ["--job-dir", "$HPCLAUNCH_JOB_DIR", "--"]
 
 
 @pytest.mark.parametrize(

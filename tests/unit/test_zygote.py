@@ -39,9 +39,9 @@ def test_which_workers_start_warm() -> None:
     script = AgentOptions("t.py", ("--x",))
     assert starts_warm(script)
     assert launched_as(script, 4321, "/usr/bin/setpriv") == (sys.executable, ("-u", "t.py", "--x"))
-    module = AgentOptions("pkg.m", (), EntryKind.MODULE)
+    module = AgentOptions("pkg.m", (), entry_kind=EntryKind.MODULE)
     assert starts_warm(module)
-    binary = AgentOptions("/bin/app", ("a",), EntryKind.EXECUTABLE)
+    binary = AgentOptions("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE)
     assert not starts_warm(binary)
     assert launched_as(binary, 4321, "/usr/bin/setpriv")[0] == "/usr/bin/setpriv"
     fresh = AgentOptions("t.py", (), worker_start=WorkerStart.FRESH)
