@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         nproc_per_node=settings.nproc_per_node, rdzv=Rendezvous.C10D,
         max_restarts=settings.max_restarts, job_dir=job_dir,
         grace_period_s=settings.grace_period_s,
+        # Supervised: the agent leaves its root-cause block in the job folder, where
+        # job.result() reads it; it is printed below too, as the supervisor would.
+        supervised=True,
     )  # fmt: skip
     # This process is the job's agent: its environment is what torch gives the
     # workers, as the rendered script's exports are on SLURM. Values set here
@@ -82,9 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({
         "HPCLAUNCH_JOB_DIR": str(job_dir),
         checkpoint.ENV_VAR: settings.checkpoint_dir or str(job_dir / "checkpoints"),
-        # Supervised: the agent leaves its root-cause block in the job folder, where
-        # job.result() reads it; it is printed below too, as the supervisor would.
-        failures.SUPERVISED_VAR: "1",
     })  # fmt: skip
     launch = options.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
     status = agent.launch(ctx, opts, launch, os.environ)

@@ -106,9 +106,6 @@ def read(job_dir: Path, requeue_count: int) -> list[NodeRecord]:
     return out
 
 
-SUPERVISED_VAR = "HPCLAUNCH_SUPERVISED"  # set by the supervisor for the agents of its step
-
-
 def block_path(job_dir: Path, requeue_count: int, node: str) -> Path:
     """Where a supervised agent leaves its root-cause block for the supervisor."""
     return folder(job_dir, requeue_count) / f"root-cause-{node}.txt"

@@ -1,8 +1,8 @@
 """``hpclaunch agent``: one per node; SLURM's environment → torch's elastic agent.
 
 ``NodeContext`` (pure) → ``launch_settings`` (pure) → torch's ``LaunchConfig`` →
-``elastic_launch``, which spawns and supervises the workers. torch is imported
-only by ``launch``.
+``hpclaunch.node.launcher.run_agent``, whose agent spawns and supervises the workers.
+torch is imported only by ``launch``.
 """
 
 from __future__ import annotations
@@ -148,54 +148,53 @@ def _launch(
     ctx: NodeContext, opts: AgentOptions, settings: Mapping[str, Any],
     env: Mapping[str, str], zygote: Zygote | None,
 ) -> int:  # fmt: skip
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import (
+    # The launcher first: it checks torch's version before torch's internals load.
+    from hpclaunch.node.launcher import (
+        ChildFailedError,
+        LaunchConfig,
         RendezvousClosedError,
         RendezvousError,
+        SignalException,
+        run_agent,
     )
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from hpclaunch.node import recording_agent
     from hpclaunch.node.rank_logs import RankLogs
     from hpclaunch.rendezvous import etcd_rdzv, ranked_c10d
 
     ranked_c10d.register()
     etcd_rdzv.register()
-    # The agent's own environment is what torch hands to the workers and what it
-    # reads its store setting from: this process is ours, and ends with the job step.
-    os.environ.update(worker_env(ctx, opts.rdzv))
+    start: dict[str, Any] = {}
     if zygote is not None:
-        from hpclaunch.node.warmstart import warm
+        from hpclaunch.node.warmstart.warm import WarmStart
 
         agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
-        warm.install(
-            zygote, lambda worker: guarded(worker, agent_pid, setpriv), opts.grace_period_s
-        )
+        fresh = lambda worker: guarded(worker, agent_pid, setpriv)  # noqa: E731
+        start["start_processes"] = WarmStart(zygote, fresh, opts.grace_period_s)
         command, args = launched_as(opts, agent_pid, None)
     else:
         command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
     job = job_folder(ctx, opts, env)
     logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee, node=ctx.hostname)
 
-    def record(result: Any) -> None:
-        attempt = int(os.environ.get(joblogs.ATTEMPT_VAR, "0"))
+    def record(result: Any, attempt: int) -> None:
         failed = _failures(result.failures, logs.folder)
         path = failures.write(job, failures.record_of(
             ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
         log.info("attempt %d failed; record in %s", attempt, path)
 
-    recording_agent.install(record, opts.monitor_interval_s)
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
         settings["rdzv_backend"], settings["rdzv_endpoint"], logs.root_log_dir,
     )  # fmt: skip
     try:
-        elastic_launch(LaunchConfig(**settings, logs_specs=logs), command)(*args)
+        run_agent(
+            LaunchConfig(**settings, logs_specs=logs), command, args,
+            worker_env=worker_env(ctx, opts.rdzv), on_failure=record,
+            monitor_wait_s=opts.monitor_interval_s, **start,
+        )  # fmt: skip
     except ChildFailedError as exc:
         block = _root_cause(exc, ctx, opts, logs.folder)
-        if env.get(failures.SUPERVISED_VAR) == "1":
+        if opts.supervised:
             # The supervisor prints one block for the whole job, from the right node.
             path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
             log.error("workers failed for good; root-cause block in %s", path)

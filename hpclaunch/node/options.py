@@ -50,6 +50,7 @@ class AgentOptions:
     etcd: EtcdFlags = dataclasses.field(default_factory=EtcdFlags)
     node_multiple: int = 1
     worker_start: WorkerStart = WorkerStart.WARM
+    supervised: bool = False  # the supervisor prints the root-cause block, not this agent
 
 
 def node_range(ctx: NodeContext, opts: AgentOptions) -> tuple[int, int]:
