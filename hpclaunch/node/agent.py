@@ -14,7 +14,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,25 +162,9 @@ def _launch(
 
     ranked_c10d.register()
     etcd_rdzv.register()
-    start: dict[str, Any] = {}
-    if zygote is not None:
-        from hpclaunch.node.warmstart.warm import WarmStart
-
-        agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
-        fresh = lambda worker: guarded(worker, agent_pid, setpriv)  # noqa: E731
-        start["start_processes"] = WarmStart(zygote, fresh, opts.grace_period_s)
-        command, args = launched_as(opts, agent_pid, None)
-    else:
-        command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
+    command, args, start = _workers_start(opts, zygote)
     job = job_folder(ctx, opts, env)
     logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee, node=ctx.hostname)
-
-    def record(result: Any, attempt: int) -> None:
-        failed = _failures(result.failures, logs.folder)
-        path = failures.write(job, failures.record_of(
-            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
-        log.info("attempt %d failed; record in %s", attempt, path)
-
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
@@ -189,7 +173,7 @@ def _launch(
     try:
         run_agent(
             LaunchConfig(**settings, logs_specs=logs), command, args,
-            worker_env=worker_env(ctx, opts.rdzv), on_failure=record,
+            worker_env=worker_env(ctx, opts.rdzv), on_failure=_recorder(ctx, job, logs),
             monitor_wait_s=opts.monitor_interval_s, **start,
         )  # fmt: skip
     except ChildFailedError as exc:
@@ -217,6 +201,33 @@ def _launch(
         log.info("stopped by %s", exc.sigval.name)
         return 128 + int(exc.sigval)
     return 0
+
+
+def _workers_start(
+    opts: AgentOptions, zygote: Zygote | None
+) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """The workers' (entrypoint, args) for torch, and the agent's ``start_processes``
+    where the zygote starts them (torch's own otherwise: no entry)."""
+    agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
+    if zygote is None:
+        return (*guarded(worker_command(opts), agent_pid, setpriv), {})
+    from hpclaunch.node.warmstart.warm import WarmStart
+
+    fresh = lambda worker: guarded(worker, agent_pid, setpriv)  # noqa: E731
+    command, args = launched_as(opts, agent_pid, None)
+    return command, args, {"start_processes": WarmStart(zygote, fresh, opts.grace_period_s)}
+
+
+def _recorder(ctx: NodeContext, job: Path, logs: Any) -> Callable[[Any, int], None]:
+    """The agent's ``on_failure``: a failure record of each failed attempt in ``job``."""
+
+    def record(result: Any, attempt: int) -> None:
+        failed = _failures(result.failures, logs.folder)
+        path = failures.write(job, failures.record_of(
+            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
+        log.info("attempt %d failed; record in %s", attempt, path)
+
+    return record
 
 
 def _failures(by_rank: Mapping[int, Any], folder: Path | None) -> list[joblogs.Failure]:
