@@ -28,7 +28,6 @@ from hpclaunch import checkpoint
 from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.job.rendezvous import C10dRdzv
 from hpclaunch.job.spec import EntryKind
-from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 from hpclaunch.slurm.env import NodeContext, derive_port
 
@@ -76,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         nproc_per_node=settings.nproc_per_node, rdzv=C10dRdzv.name,
         max_restarts=settings.max_restarts, job_dir=job_dir,
         grace_period_s=settings.grace_period_s,
+        # Supervised: the agent leaves its root-cause block in the job folder, where
+        # job.result() reads it; it is printed below too, as the supervisor would.
+        supervised=True,
     )  # fmt: skip
     # This process is the job's agent: its environment is what torch gives the
     # workers, as the rendered script's exports are on SLURM. Values set here
@@ -84,9 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({
         JOB_DIR_VAR: str(job_dir),
         checkpoint.ENV_VAR: settings.checkpoint_dir or str(job.checkpoints),
-        # Supervised: the agent leaves its root-cause block in the job folder, where
-        # job.result() reads it; it is printed below too, as the supervisor would.
-        failures.SUPERVISED_VAR: "1",
     })  # fmt: skip
     launch = options.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
     status = agent.launch(ctx, opts, launch, os.environ)

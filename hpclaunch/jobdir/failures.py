@@ -101,9 +101,6 @@ def read(job_dir: Path, requeue_count: int) -> list[NodeRecord]:
     return out
 
 
-SUPERVISED_VAR = "HPCLAUNCH_SUPERVISED"  # set by the supervisor for the agents of its step
-
-
 def write_block(job_dir: Path, requeue_count: int, node: str, block: str) -> Path:
     """Leave ``block`` where the supervisor looks for ``node``'s root cause; returns its
     path. Raises OSError."""

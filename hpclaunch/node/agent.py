@@ -1,8 +1,8 @@
 """``hpclaunch agent``: one per node; SLURM's environment → torch's elastic agent.
 
 ``NodeContext`` (pure) → ``launch_settings`` (pure) → torch's ``LaunchConfig`` →
-``elastic_launch``, which spawns and supervises the workers. torch is imported
-only by ``launch``.
+``hpclaunch.node.launcher.run_agent``, whose agent spawns and supervises the workers.
+torch is imported only by ``launch``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +38,6 @@ if TYPE_CHECKING:  # the module is imported when a zygote is forked
     from hpclaunch.node.warmstart.zygote import Zygote
 
 log = logging.getLogger(__name__)
-
-# Set to 1 while the agent imports torch (and with it numpy's OpenBLAS): see _fork_zygote.
-BLAS_THREADS_VAR = "OPENBLAS_NUM_THREADS"
 
 
 def reachable_addr(host: str, slurm: Slurm) -> str:
@@ -121,20 +118,9 @@ def launch(
 
 def _fork_zygote() -> Zygote | None:
     """The zygote the workers are forked from, or None (then they start fresh)."""
-    # What the zygote is for: the workers forked from it find these imported. numpy,
-    # when torch finds it, loads OpenBLAS, which starts a thread per CPU at once, and a
-    # process with threads cannot be forked safely: it loads with one here, and each
-    # worker then sets the count its own environment gives (forked_worker).
-    saved = os.environ.get(BLAS_THREADS_VAR)
-    os.environ[BLAS_THREADS_VAR] = "1"
-    try:
-        import torch.distributed.distributed_c10d  # noqa: F401
-    finally:
-        if saved is None:
-            del os.environ[BLAS_THREADS_VAR]
-        else:
-            os.environ[BLAS_THREADS_VAR] = saved
+    from hpclaunch.node.warmstart.preload import import_torch_single_threaded
 
+    import_torch_single_threaded()
     from hpclaunch.node.warmstart.zygote import Zygote, ZygoteError
 
     try:
@@ -152,55 +138,37 @@ def _launch(
     ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan,
     env: Mapping[str, str], zygote: Zygote | None,
 ) -> int:  # fmt: skip
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import (
+    # The launcher first: it checks torch's version before torch's internals load.
+    from hpclaunch.node.launcher import (
+        ChildFailedError,
+        LaunchConfig,
         RendezvousClosedError,
         RendezvousError,
+        SignalException,
+        run_agent,
     )
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from hpclaunch.node import recording_agent
     from hpclaunch.node.rank_logs import RankLogs
     from hpclaunch.rendezvous import etcd_rdzv, ranked_c10d
 
     ranked_c10d.register()
     etcd_rdzv.register()
-    # The agent's own environment is what torch hands to the workers and what it
-    # reads its store setting from: this process is ours, and ends with the job step.
-    os.environ.update(worker_env(ctx, opts.rdzv))
-    if zygote is not None:
-        from hpclaunch.node.warmstart import warm
-
-        agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
-        warm.install(
-            zygote, lambda worker: guarded(worker, agent_pid, setpriv), opts.grace_period_s
-        )
-        command, args = launched_as(opts, agent_pid, None)
-    else:
-        command, args = guarded(worker_command(opts), os.getpid(), shutil.which("setpriv"))
+    command, args, start = _workers_start(opts, zygote)
     job = job_folder(ctx, opts, env)
     logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee, node=ctx.hostname)
-
-    def record(result: Any) -> None:
-        attempt = int(os.environ.get(joblogs.ATTEMPT_VAR, "0"))
-        failed = _failures(result.failures, logs.folder)
-        path = failures.write(job, failures.record_of(
-            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
-        log.info("attempt %d failed; record in %s", attempt, path)
-
-    recording_agent.install(record, opts.monitor_interval_s)
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
         settings.rdzv_backend, settings.rdzv_endpoint, logs.root_log_dir,
     )  # fmt: skip
     try:
-        config = LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs)
-        elastic_launch(config, command)(*args)
+        run_agent(
+            LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
+            worker_env=worker_env(ctx, opts.rdzv), on_failure=_recorder(ctx, job, logs),
+            monitor_wait_s=opts.monitor_interval_s, **start,
+        )  # fmt: skip
     except ChildFailedError as exc:
         block = _root_cause(exc, ctx, opts, logs.folder)
-        if env.get(failures.SUPERVISED_VAR) == "1":
+        if opts.supervised:
             # The supervisor prints one block for the whole job, from the right node.
             path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
             log.error("workers failed for good; root-cause block in %s", path)
@@ -223,6 +191,33 @@ def _launch(
         log.info("stopped by %s", exc.sigval.name)
         return 128 + int(exc.sigval)
     return 0
+
+
+def _workers_start(
+    opts: AgentOptions, zygote: Zygote | None
+) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """The workers' (entrypoint, args) for torch, and the agent's ``start_processes``
+    where the zygote starts them (torch's own otherwise: no entry)."""
+    agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
+    if zygote is None:
+        return (*guarded(worker_command(opts), agent_pid, setpriv), {})
+    from hpclaunch.node.warmstart.warm import WarmStart
+
+    fresh = lambda worker: guarded(worker, agent_pid, setpriv)  # noqa: E731
+    command, args = launched_as(opts, agent_pid, None)
+    return command, args, {"start_processes": WarmStart(zygote, fresh, opts.grace_period_s)}
+
+
+def _recorder(ctx: NodeContext, job: Path, logs: Any) -> Callable[[Any, int], None]:
+    """The agent's ``on_failure``: a failure record of each failed attempt in ``job``."""
+
+    def record(result: Any, attempt: int) -> None:
+        failed = _failures(result.failures, logs.folder)
+        path = failures.write(job, failures.record_of(
+            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
+        log.info("attempt %d failed; record in %s", attempt, path)
+
+    return record
 
 
 def _failures(by_rank: Mapping[int, Any], folder: AttemptFolder | None) -> list[joblogs.Failure]:

@@ -8,7 +8,7 @@ when the same number comes round again. This one writes the layout of
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
@@ -37,12 +37,7 @@ class RankLogs(LogsSpecs):
         return str(self._job.logs)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-        # The rendezvous handler sets the job-wide attempt in the agent's environment
-        # before torch starts the workers; static rendezvous has only the agent's count.
-        attempt = int(
-            os.environ.get(ATTEMPT_VAR)
-            or next(iter(envs.values()), {}).get("TORCHELASTIC_RESTART_COUNT", "0")
-        )
+        attempt = attempt_of(envs)
         folder = self._job.attempt(self._requeue, self._step, attempt)
         folder.path.mkdir(parents=True, exist_ok=True)
         self.folder = folder
@@ -66,3 +61,10 @@ class RankLogs(LogsSpecs):
 
     def __repr__(self) -> str:
         return f"RankLogs({self.root_log_dir!r}, tee={self._copy})"
+
+
+def attempt_of(envs: Mapping[int, Mapping[str, str]]) -> int:
+    """The attempt the workers of ``envs`` start in: what hpclaunch's agent put in
+    their environment (HPCLAUNCH_ATTEMPT), else torch's per-agent restart count."""
+    env = next(iter(envs.values()), {})
+    return int(env.get(ATTEMPT_VAR) or env.get("TORCHELASTIC_RESTART_COUNT") or 0)

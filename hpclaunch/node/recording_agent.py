@@ -1,11 +1,12 @@
-"""torch's LocalElasticAgent, writing a failure record each time the worker group
-fails, and stopping workers quickly when a peer node is lost (imports torch).
+"""hpclaunch's elastic agent: torch's LocalElasticAgent, writing a failure record each
+time the worker group fails, starting the workers through the process context it is
+given, and stopping workers quickly when a peer node is lost (imports torch).
 
 torch reports failures only when its agent gives up, and only the failures of the
 last attempt; the supervisor needs every attempt's, on every node, to tell a bad
-node from a bug (see hpclaunch.jobdir.failures). torch's launcher builds its agent
-itself, so ``install`` points the launcher at this subclass, in this process only.
-Written against torch 2.13.
+node from a bug (see hpclaunch.jobdir.failures). hpclaunch builds this agent itself
+(``hpclaunch.node.launcher``), with its settings given to ``__init__``.
+Written against torch 2.13 (LocalElasticAgent._start_workers is owned here).
 """
 
 from __future__ import annotations
@@ -13,12 +14,26 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from string import Template
+from typing import Any, cast
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.launcher import api as launcher_api
+from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, SignalException
+from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
+from torch.distributed.elastic.utils.api import macros
+
+from hpclaunch.jobdir.joblogs import ATTEMPT_VAR
+from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
 
@@ -26,24 +41,44 @@ log = logging.getLogger(__name__)
 # node was lost: they are stuck in a collective with it and cannot checkpoint
 # (torch waits 30 s). hpclaunch-etcd's handler says when that is the reason.
 LOST_PEER_GRACE_S = 5
+# The signals the agent stops its workers on, as torch's launcher tells the workers.
+SIGNALS_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+# Called as torch's ``start_processes``: the workers' process context, started.
+StartProcesses = Callable[..., PContext]
+# Called with the failed attempt's result and the attempt's number.
+OnFailure = Callable[[RunResult, int], None]
 
 
 class RecordingAgent(LocalElasticAgent):
-    """Calls ``on_failure(result)`` once for every failed attempt, and looks at the
-    workers as soon as one exits rather than once per interval."""
+    """Calls ``on_failure(result, attempt)`` once for every failed attempt, and looks
+    at the workers as soon as one exits, at least every ``monitor_wait_s`` (torch's
+    monitor interval is set near zero: its plain sleep is replaced by the wait for an
+    exit). ``worker_env`` is added to every worker's environment; ``start_processes``
+    makes the workers' process context; ``signals`` stop the workers, as torch's
+    ``signals_to_handle``."""
 
-    on_failure: Callable[[RunResult], None] | None = None
-    # The longest wait between two looks at the workers (torch's monitor interval is
-    # set near zero: its plain sleep is replaced by the wait for an exit).
-    monitor_wait_s: float = 0.1
+    def __init__(
+        self, spec: WorkerSpec, logs_specs: LogsSpecs, *,
+        worker_env: Mapping[str, str], signals: Iterable[signal.Signals],
+        on_failure: OnFailure | None = None, monitor_wait_s: float = 0.1,
+        start_processes: StartProcesses = torch_start_processes, **torch_options: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(spec, logs_specs, **torch_options)
+        self._worker_env = dict(worker_env)
+        self._signals = tuple(signals)
+        self._on_failure = on_failure
+        self._monitor_wait_s = monitor_wait_s
+        self._start_processes = start_processes
+        self._pidfds = _Pidfds()
+        self.attempt = 0  # the job-wide attempt the workers run in (see _start_workers)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        self._wait_for_exit(type(self).monitor_wait_s)
+        self._wait_for_exit(self._monitor_wait_s)
         result: RunResult = super()._monitor_workers(worker_group)
-        callback = type(self).on_failure
-        if result.is_failed() and callback is not None:
+        if result.is_failed() and self._on_failure is not None:
             try:
-                callback(result)
+                self._on_failure(result, self.attempt)
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
         return result
@@ -56,10 +91,9 @@ class RecordingAgent(LocalElasticAgent):
         if warm_wait is not None:
             warm_wait(timeout)
             return
-        watched = self.__dict__.setdefault("_pidfds", _Pidfds())
         pids = set(context.pids().values()) if context is not None else set()
-        watched.follow(context, pids)
-        watched.wait(timeout)
+        self._pidfds.follow(context, pids)
+        self._pidfds.wait(timeout)
 
     def run(self, role: str = "default") -> RunResult:
         # A node that stood by until the job ended leaves the rendezvous gracefully,
@@ -77,12 +111,92 @@ class RecordingAgent(LocalElasticAgent):
         else:
             super()._stop_workers(worker_group)
 
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        """torch 2.13's LocalElasticAgent._start_workers, owned: hpclaunch's worker
+        environment and attempt added, the process context from ``start_processes``."""
+        spec = worker_group.spec
+        restart_count = spec.max_restarts - self._remaining_restarts
+        # The rendezvous round is the job-wide attempt (hpclaunch's handlers say it);
+        # static rendezvous has only this agent's restart count.
+        round_joined = getattr(spec.rdzv_handler, "attempt", None)
+        self.attempt = restart_count if round_joined is None else int(round_joined)
+        envs, args, prefixes = self._worker_envs(worker_group, restart_count)
+        self._setup_local_watchdog(envs=envs)
+        self._setup_healthcheck()
+        self._handle_signals()
+        if spec.entrypoint is None:
+            raise AssertionError("the worker spec has no entrypoint")
+        self._pcontext = self._start_processes(
+            name=spec.role, entrypoint=spec.entrypoint, args=args, envs=envs,
+            logs_specs=self._logs_specs, log_line_prefixes=prefixes,
+            start_method=self._start_method, numa_options=spec.numa_options,
+            duplicate_stdout_filters=spec.duplicate_stdout_filters,
+            duplicate_stderr_filters=spec.duplicate_stderr_filters,
+        )  # fmt: skip
+        return self._pcontext.pids()
 
-def install(on_failure: Callable[[RunResult], None], monitor_wait_s: float = 0.1) -> None:
-    """Make torch's launcher use RecordingAgent with ``on_failure`` in this process."""
-    RecordingAgent.on_failure = on_failure
-    RecordingAgent.monitor_wait_s = monitor_wait_s
-    setattr(launcher_api, "LocalElasticAgent", RecordingAgent)  # noqa: B010
+    def _worker_envs(
+        self, worker_group: WorkerGroup, restart_count: int
+    ) -> tuple[dict[int, dict[str, str]], dict[int, tuple[Any, ...]], dict[int, str] | None]:
+        """Each worker's environment (torch's variables, then hpclaunch's), its
+        arguments, and its output line prefix (None without a template)."""
+        spec = worker_group.spec
+        use_agent_store: bool = spec.rdzv_handler.use_agent_store
+        ours = {**self._worker_env, ATTEMPT_VAR: str(self.attempt)}
+        ours[SIGNALS_VAR] = ",".join(sig.name for sig in self._signals)
+        if not use_agent_store:  # the workers' own store, as torch's variable asks
+            ours[SEPARATE_STORE] = "1"
+        envs: dict[int, dict[str, str]] = {}
+        args: dict[int, tuple[Any, ...]] = {}
+        prefixes: dict[int, str] | None = {} if self._log_line_prefix_template else None
+        for worker in worker_group.workers:
+            local_rank = worker.local_rank
+            env: dict[str, str | None] = {
+                "RANK": str(worker.global_rank),
+                "GROUP_RANK": str(worker_group.group_rank),
+                "ROLE_RANK": str(worker.role_rank),
+                "ROLE_NAME": spec.role,
+                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+                "WORLD_SIZE": str(worker.world_size),
+                "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
+                "ROLE_WORLD_SIZE": str(worker.role_world_size),
+                "MASTER_ADDR": worker_group.master_addr,
+                "MASTER_PORT": str(worker_group.master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+                "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv(
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+                ),
+            }  # fmt: skip
+            self._set_local_rank_env(env, local_rank, spec)
+            if "OMP_NUM_THREADS" in os.environ:
+                env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+            if prefixes is not None:
+                prefixes[local_rank] = Template(
+                    self._log_line_prefix_template or ""
+                ).safe_substitute(
+                    role_name=spec.role, rank=worker.global_rank, local_rank=local_rank
+                )
+            envs[local_rank] = {**cast(dict[str, str], env), **ours}
+            args[local_rank] = tuple(macros.substitute(list(spec.args), str(local_rank)))
+        return envs, args, prefixes
+
+    def _handle_signals(self) -> None:
+        """Stop the workers on ``signals``, as torch's process context does on the ones
+        its launcher names (it reads them from the agent's environment)."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # torch's process context warns of it
+        for sig in self._signals:
+            signal.signal(sig, _raise_signal)
+
+
+def _raise_signal(signum: int, frame: Any) -> None:
+    """What torch's process context does on a stop signal: raise SignalException,
+    which the agent answers by stopping the workers."""
+    sigval = signal.Signals(signum)
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 
 
 class _Pidfds:

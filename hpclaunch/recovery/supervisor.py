@@ -12,7 +12,6 @@ waits for the step to end (the workers checkpoint and exit), and then acts as
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -105,7 +104,7 @@ def run_step(
     cleans up the tasks). ``on_signal(first signal)`` runs once, outside the signal
     handler, while the step is still ending. Raises StepNotFound."""
     try:
-        child = subprocess.Popen(list(argv), env={**os.environ, failures.SUPERVISED_VAR: "1"})
+        child = subprocess.Popen(list(argv))
     except FileNotFoundError:
         raise StepNotFound(
             f"{argv[0]!r} is not on PATH in the batch step; this must run inside a SLURM "

@@ -36,16 +36,11 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
-from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
 from hpclaunch.errors import EtcdError
+from hpclaunch.rendezvous.delays import Pacing
 from hpclaunch.rendezvous.etcd.access import Access, read_password
-from hpclaunch.rendezvous.ranked_c10d import (
-    RankedHandler,
-    RankedNodeDesc,
-    delay_factor,
-    keep_multiple_of,
-)
+from hpclaunch.rendezvous.ranked_c10d import RankedHandler, RankedNodeDesc, node_multiple
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +205,11 @@ class EtcdHandler(RankedHandler):
     counts as a membership change, which torch's agent answers by restarting its
     workers and joining the next round (without the dead node)."""
 
-    _round: int | None = None
-    _world: int = 0
-    _lost_peer = False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._round: int | None = None
+        self._world = 0
+        self._lost_peer = False
 
     def take_lost_peer(self) -> bool:
         """Whether the last restart was for a lost node (asked once per restart)."""
@@ -242,21 +239,6 @@ class EtcdHandler(RankedHandler):
             self._lost_peer = True
             return 1
         return 0
-
-
-def _install_delays(backend: EtcdBackend, max_nodes: int) -> None:
-    """Replace dynamic_rendezvous's delays in this process: the first-join jitter
-    is scaled as for hpclaunch-c10d, and the one-second poll becomes a watch."""
-    factor = delay_factor(max_nodes)
-    original = rdzv_utils._delay
-
-    def delay(seconds: float | tuple[float, float]) -> None:
-        if isinstance(seconds, tuple):
-            original((seconds[0] * factor, seconds[1] * factor))
-        else:
-            backend.wait_for_change(seconds)
-
-    setattr(dynamic, "_delay", delay)  # noqa: B010 (not re-exported by torch)
 
 
 def access_from(params: RendezvousParameters) -> Access:
@@ -300,14 +282,16 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         etcd, store_prefix, lambda: keeper.lease, KeyWatch(etcd, store_prefix, prefix=True)
     )
     stock = dynamic.create_handler(store, backend, params)
-    _install_delays(backend, params.max_nodes)
     node = stock._this_node
     node_rank = params.get_as_int("node_rank")
     if node_rank is not None:  # hpclaunch agent: ranks in SLURM's order
         node = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
-    handler = EtcdHandler(node, stock._settings, NAME, store, stock._state_holder)
-    keep_multiple_of(handler, params)
-    return handler
+    # The first-join jitter is scaled as for hpclaunch-c10d; the one-second poll
+    # becomes a watch of the state key.
+    pacing = Pacing.for_job(params.max_nodes, backend.wait_for_change)
+    return EtcdHandler(
+        node, stock._settings, NAME, store, stock._state_holder, pacing, node_multiple(params)
+    )
 
 
 def register() -> None:

@@ -4,16 +4,17 @@ torch's dynamic rendezvous numbers nodes by sorting their descriptors, whose
 first field is the host name (so ``n10`` comes before ``n2``, and the node that
 hosts the store need not be rank 0). This backend gives each node a descriptor
 that sorts by the node rank hpclaunch derived from SLURM, and is otherwise
-torch's own handler. Written against torch 2.13's dynamic_rendezvous module.
+torch's own handler, paced by ``hpclaunch.rendezvous.delays``. Written against torch
+2.13's dynamic_rendezvous module, whose ``next_rendezvous`` it owns (see _join).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from torch.distributed.elastic.events.api import NodeState
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousGracefulExitError,
@@ -23,21 +24,17 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
-from torch.distributed.elastic.rendezvous import utils as rdzv_utils
+from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
-from hpclaunch.jobdir.joblogs import ATTEMPT_VAR
+from hpclaunch.rendezvous import delays
+from hpclaunch.rendezvous.delays import PacedExecutor, Pacing
 
 log = logging.getLogger(__name__)
 
 NAME = "hpclaunch-c10d"
+# What tells torch (and the workers) that the workers get a store of their own.
 SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-# torch polls the rendezvous state once a second while it waits for the other nodes,
-# and delays each node's first join by up to 0.3 s, to spare the store at scale.
-# hpclaunch scales both with the job: full length from NODES_AT_FULL_DELAY nodes on,
-# MIN_DELAY_FACTOR of it for the smallest jobs (50 ms polls for 1 to 5 nodes).
-NODES_AT_FULL_DELAY = 100
-MIN_DELAY_FACTOR = 0.05
 
 
 @dataclass(frozen=True, eq=True)
@@ -62,11 +59,15 @@ class RankedNodeDesc(dynamic._NodeDesc):
         return self._key() >= _key_of(other)
 
 
-class MultipleExecutor(dynamic._DistributedRendezvousOpExecutor):
-    """torch's operation executor, completing a round only on a multiple of
-    ``node_multiple`` nodes: the highest-ranked surplus go to the wait list."""
+class RankedExecutor(PacedExecutor):
+    """The paced executor, completing a round only on a multiple of ``node_multiple``
+    nodes: the highest-ranked surplus go to the wait list."""
 
-    node_multiple = 1
+    def __init__(
+        self, node: Any, state_holder: Any, settings: Any, pacing: Pacing, node_multiple: int
+    ) -> None:
+        super().__init__(node, state_holder, settings, pacing)
+        self.node_multiple = node_multiple
 
     def _mark_rendezvous_complete(self) -> None:
         state = self._state
@@ -79,30 +80,41 @@ class MultipleExecutor(dynamic._DistributedRendezvousOpExecutor):
 
 
 class RankedHandler(dynamic.DynamicRendezvousHandler):
-    """torch's handler, telling the workers the round they start in, and from the
-    second round on giving them a store of their own.
+    """torch's handler, paced with the job, saying which round it joined (``attempt``),
+    and from the second round on giving the workers a store of their own.
 
     The round is the job-wide attempt: every node that takes part in a round starts
-    its workers in it, whereas torch's restart count is per agent. It goes into the
-    agent's environment (as HPCLAUNCH_ATTEMPT), which torch copies to the workers.
+    its workers in it, whereas torch's restart count is per agent. The agent reads it
+    from its handler and tells the workers (HPCLAUNCH_ATTEMPT).
 
     torch 2.13 shares the agent's store with the workers by default. That is fast,
     but after a restart the new workers sometimes read the previous attempt's
     addresses from it (hangs, wasted restarts). The first round keeps the shared
     store (it saves the workers a store start and connection retries); every later
-    round sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE, which torch reads per round, on
-    every node alike.
+    round gives them their own (``use_agent_store`` False), on every node alike, as
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 would.
     """
 
-    _rounds_joined = 0
-    _node_multiple = 1
+    def __init__(
+        self, node: Any, settings: Any, backend_name: str, store: Any, state_holder: Any,
+        pacing: Pacing, node_multiple: int = 1,
+    ) -> None:  # fmt: skip
+        super().__init__(node, settings, backend_name, store, state_holder)
+        self._pacing = pacing
+        self._node_multiple = node_multiple
+        self._op_executor = RankedExecutor(node, state_holder, settings, pacing, node_multiple)
+        self._rounds_joined = 0
+        self._attempt: int | None = None
 
-    def keep_multiple(self, k: int) -> None:
-        """Run on a multiple of ``k`` nodes only; the other nodes stand by."""
-        self._node_multiple = k
-        executor = MultipleExecutor(self._this_node, self._state_holder, self._settings)
-        executor.node_multiple = k
-        self._op_executor = executor
+    @property
+    def attempt(self) -> int | None:
+        """The round this node last joined (the job-wide attempt); None before the first."""
+        return self._attempt
+
+    @property
+    def use_agent_store(self) -> bool:
+        # torch's answer reads the user's TORCH_DISABLE_SHARE_RDZV_TCP_STORE.
+        return self._rounds_joined <= 1 and bool(super().use_agent_store)
 
     def num_nodes_waiting(self) -> int:
         """Waiting nodes worth a new round: with ``node_multiple`` K, only those that
@@ -139,8 +151,6 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
                 ) from None
 
     def _join_round(self) -> Any:
-        if self._rounds_joined:
-            os.environ[SEPARATE_STORE] = "1"
         self._rounds_joined += 1
         # torch serves the state from a one-second cache between reads, so a waiting
         # node sees the last join up to a second late, whatever its poll interval.
@@ -152,12 +162,61 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
         if cache is not None:
             holder._cache_duration = 0  # type: ignore[attr-defined]
         try:
-            info = super().next_rendezvous()
+            info = self._join()
         finally:
             if cache is not None:
                 holder._cache_duration = cache  # type: ignore[attr-defined]
-        os.environ[ATTEMPT_VAR] = str(self._state_holder.state.round)
+        self._attempt = self._state_holder.state.round
         return info
+
+    def _join(self) -> RendezvousInfo:
+        """torch 2.13's DynamicRendezvousHandler.next_rendezvous, owned: its first-join
+        jitter is paced, and the store is shared by ``use_agent_store`` (torch reads
+        the agent's environment for that)."""
+        message = (
+            f"The node '{self._this_node}' attempts to join the next round of the rendezvous "
+            f"'{self._settings.run_id}'."
+        )
+        self._record(message=message)
+        log.info(message)
+        try:
+            self._stop_heartbeats()
+            if self._state_holder.state.round == 0:
+                self._pacing.jitter()  # skews the nodes' first joins, sparing the store
+            deadline = self._get_deadline(self._settings.timeout.join)
+            self._op_executor.run(dynamic._RendezvousExitOp(), deadline)
+            self._op_executor.run(dynamic._RendezvousJoinOp(), deadline, self._get_deadline)
+            self._start_heartbeats()
+            rank, world_size = self._get_world()
+            store = self._get_store()
+        except Exception as e:
+            self._record(message=f"{type(e).__name__}: {e}", node_state=NodeState.FAILED)
+            raise
+        message = (
+            f"The node '{self._this_node}' has joined round {self._state_holder.state.round} "
+            f"of the rendezvous '{self._settings.run_id}' as rank {rank} in a world of size "
+            f"{world_size}."
+        )
+        self._record(message=message, rank=rank)
+        log.info(message)
+        addr = self._this_node.addr
+        if not self.use_agent_store:
+            return RendezvousInfo(
+                store, rank, world_size, RendezvousStoreInfo.build(rank, store, local_addr=addr)
+            )
+        # The workers share the agents' store: rank 0 serves it from a server of its
+        # own, made once (or when this node became rank 0 since).
+        if self._bootstrap_store_info is None or (
+            rank == 0 and self._shared_tcp_store_server is None
+        ):
+            port = 0
+            if rank == 0:
+                self._shared_tcp_store_server = self._create_tcp_store_server(addr, 0)
+                port = self._shared_tcp_store_server.port
+            self._bootstrap_store_info = RendezvousStoreInfo.build(
+                rank, store, local_addr=addr, server_port=port
+            )
+        return RendezvousInfo(store, rank, world_size, self._bootstrap_store_info)
 
 
 def _key_of(other: Any) -> tuple[int, str, int, int]:
@@ -167,53 +226,26 @@ def _key_of(other: Any) -> tuple[int, str, int, int]:
 
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """torch's c10d handler, with this node's descriptor ranked (config ``node_rank``)."""
+    """torch's c10d handler, with this node's descriptor ranked (config ``node_rank``)
+    and its delays scaled with the job. Raises ValueError without ``node_rank``."""
     node_rank = params.get_as_int("node_rank")
     if node_rank is None:
         raise ValueError("the hpclaunch-c10d rendezvous needs the node_rank config")
     backend, store = create_backend(params)
     stock = dynamic.create_handler(store, backend, params)
-    scale_delays(params.max_nodes)
     node = stock._this_node
     ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
-    handler = RankedHandler(ranked, stock._settings, NAME, store, stock._state_holder)
+    handler = RankedHandler(
+        ranked, stock._settings, NAME, store, stock._state_holder,
+        Pacing.for_job(params.max_nodes), node_multiple(params),
+    )  # fmt: skip
     scale_cache(stock._state_holder, params.max_nodes)
-    keep_multiple_of(handler, params)
     return handler
 
 
-def keep_multiple_of(handler: RankedHandler, params: RendezvousParameters) -> None:
-    """Apply the ``node_multiple`` config, if given."""
-    k = params.get_as_int("node_multiple", 1) or 1
-    if k > 1:
-        handler.keep_multiple(k)
-
-
-def delay_factor(max_nodes: int) -> float:
-    """How much of torch's rendezvous delays a job of ``max_nodes`` nodes waits."""
-    return min(1.0, max(MIN_DELAY_FACTOR, max_nodes / NODES_AT_FULL_DELAY))
-
-
-def scale_delays(max_nodes: int) -> None:
-    """Scale dynamic_rendezvous's delays (see NODES_AT_FULL_DELAY) in this process.
-
-    The agent process runs one rendezvous handler, this one. Written against torch
-    2.13, where the module calls its ``_delay`` helper for both; if that changes,
-    torch's own delays stay."""
-    factor = delay_factor(max_nodes)
-    original = rdzv_utils._delay
-    current = getattr(dynamic, "_delay", None)
-    if current is not original and not hasattr(current, "hpclaunch_factor"):
-        return
-
-    def scaled(seconds: float | tuple[float, float]) -> None:
-        if isinstance(seconds, tuple):
-            original((seconds[0] * factor, seconds[1] * factor))
-        else:
-            original(seconds * factor)
-
-    scaled.hpclaunch_factor = factor  # type: ignore[attr-defined]
-    setattr(dynamic, "_delay", scaled)  # noqa: B010 (not re-exported by torch)
+def node_multiple(params: RendezvousParameters) -> int:
+    """The ``node_multiple`` config (1 when not given)."""
+    return params.get_as_int("node_multiple", 1) or 1
 
 
 def scale_cache(holder: Any, max_nodes: int) -> None:
@@ -223,7 +255,7 @@ def scale_cache(holder: Any, max_nodes: int) -> None:
     restart would wait for that."""
     cache = getattr(holder, "_cache_duration", None)
     if isinstance(cache, int | float):
-        holder._cache_duration = cache * delay_factor(max_nodes)
+        holder._cache_duration = cache * delays.delay_factor(max_nodes)
 
 
 def register() -> None:

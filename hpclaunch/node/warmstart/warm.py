@@ -1,8 +1,8 @@
 """torch's process context for workers forked by the zygote (imports torch).
 
 torch's agent starts its workers through ``start_processes``, which picks a process
-context by the entrypoint. ``install`` points the agent module at ``start_processes``
-below, in this process only: a ``python`` command line of a script or ``-m`` module
+context by the entrypoint. hpclaunch's agent (``RecordingAgent``) is given a
+``WarmStart`` to call instead: a ``python`` command line of a script or ``-m`` module
 gets a ``WarmContext`` (workers from the zygote), anything else torch's own context.
 
 ``WarmContext`` keeps the contract of torch's ``SubprocessContext``, which torchrun
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.multiprocessing import api as mp_api
+from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.multiprocessing.api import (
     PContext,
     RunProcsResult,
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 
 # A python worker's command line -> the (entrypoint, args) pair that starts it fresh.
 Fresh = Callable[[tuple[str, ...]], tuple[str, tuple[str, ...]]]
-
-_torch_start_processes = local_elastic_agent.start_processes  # type: ignore[attr-defined]
 
 
 class WarmContext(PContext):
@@ -155,29 +153,40 @@ class WarmContext(PContext):
         self._zygote.release(self._codes)
 
 
-def install(zygote: Zygote, fresh: Fresh, grace_s: float) -> None:
-    """Start the agent's workers from ``zygote`` where they are python scripts or modules.
+class WarmStart:
+    """Starts the agent's workers from ``zygote`` where they are python scripts or
+    modules; called as torch's ``start_processes`` is.
 
     ``fresh`` turns a worker's command line into the (entrypoint, args) torch starts
     instead, should the zygote be gone: it ends when killed, and its workers with it.
     ``grace_s``: how long workers get between a stop signal and SIGKILL (torch's
     shutdown timeout), for a stop that comes while they are being started."""
 
-    def start_processes(
-        name: str, entrypoint: Any, args: dict[int, tuple[Any, ...]],
+    def __init__(self, zygote: Zygote, fresh: Fresh, grace_s: float) -> None:
+        self._zygote = zygote
+        self._fresh = fresh
+        self._grace_s = grace_s
+
+    def __call__(
+        self, name: str, entrypoint: Any, args: dict[int, tuple[Any, ...]],
         envs: dict[int, dict[str, str]], logs_specs: Any, **kwargs: Any,
     ) -> PContext:  # fmt: skip
+        """A started process context for the workers. Raises SignalException when a
+        stop signal came while they were being started (they are stopped)."""
+
         def by_torch(entrypoint: Any, args: dict[int, tuple[Any, ...]]) -> PContext:
-            return _torch_start_processes(
+            context: PContext = torch_start_processes(
                 name=name, entrypoint=entrypoint, args=args, envs=envs,
                 logs_specs=logs_specs, **kwargs,
             )  # fmt: skip
+            return context
 
+        zygote = self._zygote
         if not _is_python(entrypoint, args):
             return by_torch(entrypoint, args)
         if zygote.gone:
             log.warning("the zygote (pid %s) has ended: workers start fresh", zygote.pid)
-            return by_torch(*_fresh(fresh, entrypoint, args))
+            return by_torch(*_fresh(self._fresh, entrypoint, args))
         mp_api._validate_full_rank(args, len(args), "args")
         mp_api._validate_full_rank(envs, len(args), "envs")
         context = WarmContext(
@@ -189,18 +198,16 @@ def install(zygote: Zygote, fresh: Fresh, grace_s: float) -> None:
         try:
             context.start()
         except SignalException as exc:  # torch's agent would stop them so: pass it on
-            context.close(exc.sigval, timeout=int(grace_s))
+            context.close(exc.sigval, timeout=int(self._grace_s))
             raise
         except ZygoteError as exc:
             context.close()
             log.warning("workers start fresh: %s", exc)
-            return by_torch(*_fresh(fresh, entrypoint, args))
+            return by_torch(*_fresh(self._fresh, entrypoint, args))
         except Exception:
             context.close()
             raise
         return context
-
-    setattr(local_elastic_agent, "start_processes", start_processes)  # noqa: B010
 
 
 def _fresh(
