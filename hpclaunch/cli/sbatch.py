@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,7 +25,11 @@ from hpclaunch.job.spec import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_SIGNAL_LEAD_S,
     EntryKind,
+    JobSpec,
 )
+
+if TYPE_CHECKING:
+    from hpclaunch.slurm.submit import Submission
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -181,49 +185,18 @@ def sbatch(
     is passed to the training command unchanged. Without --dry-run, prints
     the job id alone on stdout.
     """
-    from hpclaunch.job.profiles import Entry, build_spec, load_profile
-    from hpclaunch.job.render import render
-
     refuse_option_as_script(script)
     if follow_job and dry_run:
         raise click.UsageError("--follow follows a submitted job; --dry-run submits none")
     kind = entry_kind(module, no_python)
-    if flags["template"] is not None:
-        flags["template"] = str(obj.cwd / flags["template"])
     try:
-        spec = build_spec(
-            Entry(script, args, kind),
-            flags,
-            load_profile(profile, obj.cwd, obj.env),
-        )
-        if kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
-            raise SpecError(
-                "script",
-                f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
-                "check the path, or use -m for a module or --no-python for an executable",
-            )
-        text = render(spec)
-        if dry_run:
-            submission = None
-        else:
-            from hpclaunch.slurm.submit import submit
-
-            submission = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
-            _note_job(obj, submission, spec.effective_job_name)
+        text, submission = _submit(obj, _spec(obj, script, args, kind, profile, flags), dry_run)
     except HpclaunchError as exc:
         fail(exc)
     if as_json:
-        payload = {
-            "job_id": submission.job_id if submission else None,
-            "cluster": submission.cluster if submission else None,
-            "script_path": str(submission.script_path) if submission else None,
-            "script": text,
-        }
-        click.echo(json.dumps(payload, indent=2))
-    elif submission is None:
-        click.echo(text, nl=False)
+        click.echo(_answer(text, submission))
     else:
-        click.echo(submission.job_id)
+        click.echo(submission.job_id if submission else text, nl=submission is not None)
     if follow_job and submission is not None:
         from hpclaunch.cli.jobs import follow_job as follow
 
@@ -231,23 +204,54 @@ def sbatch(
         sys.exit(follow(obj, submission.job_id, submission.job_dir))
 
 
-def _note_job(obj: CliContext, submission: Any, name: str) -> None:
-    """Add the job to this user's job list (for status, logs, cancel, list); the
-    job is submitted either way, so a failure here is a warning."""
-    import time
+def _spec(
+    obj: CliContext,
+    script: str,
+    args: tuple[str, ...],
+    kind: EntryKind,
+    profile: str | None,
+    flags: dict[str, Any],
+) -> JobSpec:
+    """The job the flags and the profile describe. Raises SpecError or ConfigError."""
+    from hpclaunch.job.profiles import Entry, build_spec, load_profile
 
-    from hpclaunch.ops import registry
-
-    entry = registry.Entry(
-        submission.job_id, str(submission.job_dir.absolute()), name, time.time(),
-        submission.cluster, str(obj.cwd),
-    )  # fmt: skip
-    try:
-        registry.add(obj.env, entry)
-    except OSError as exc:
-        click.echo(
-            f"hpclaunch: warning: job {submission.job_id} was submitted, but could not be "
-            f"added to {registry.path(obj.env)} ({exc.strerror or exc}); give "
-            f"`hpclaunch status` --job-dir {submission.job_dir}",
-            err=True,
+    if flags["template"] is not None:
+        flags["template"] = str(obj.cwd / flags["template"])
+    spec = build_spec(Entry(script, args, kind), flags, load_profile(profile, obj.cwd, obj.env))
+    if kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
+        raise SpecError(
+            "script",
+            f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
+            "check the path, or use -m for a module or --no-python for an executable",
         )
+    return spec
+
+
+def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submission | None]:
+    """The script, and unless ``dry_run`` its submission, noted in this user's job list
+    (a job that cannot be noted is submitted all the same: a warning says so).
+    Raises TemplateError, SlurmError or HpclaunchError."""
+    from hpclaunch.job.render import render
+    from hpclaunch.ops import registry
+    from hpclaunch.slurm.submit import submit
+
+    text = render(spec)
+    if dry_run:
+        return text, None
+    done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
+    problem = registry.note(obj.env, done.job_id, done.job_dir, spec.effective_job_name,
+                            obj.cwd, done.cluster)  # fmt: skip
+    if problem is not None:
+        click.echo(f"hpclaunch: warning: {problem}; give `hpclaunch status` --job-dir "
+                   f"{done.job_dir}", err=True)  # fmt: skip
+    return text, done
+
+
+def _answer(text: str, submission: Submission | None) -> str:
+    """``--json``'s object."""
+    return json.dumps({
+        "job_id": submission.job_id if submission else None,
+        "cluster": submission.cluster if submission else None,
+        "script_path": str(submission.script_path) if submission else None,
+        "script": text,
+    }, indent=2)  # fmt: skip

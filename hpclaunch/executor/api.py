@@ -233,21 +233,13 @@ def _submit_pickled(
 def _note_job(job_id: int, log_dir: Path, name: str) -> None:
     """Add a SLURM job to this user's job list, as ``hpclaunch sbatch`` does (an
     array's tasks get their own SLURM ids only when they start, so they are not)."""
-    import time
-
     from hpclaunch.jobdir.layout import JobFolder
     from hpclaunch.ops import registry
 
-    entry = registry.Entry(job_id, str(JobFolder.of(log_dir, job_id).root), name, time.time(),
-                           None, str(Path.cwd()))  # fmt: skip
-    try:
-        registry.add(os.environ, entry)
-    except OSError as exc:
-        warnings.warn(
-            f"job {job_id} was submitted, but could not be added to "
-            f"{registry.path(os.environ)} ({exc.strerror or exc})",
-            stacklevel=3,
-        )
+    job_dir = JobFolder.of(log_dir, job_id).root
+    problem = registry.note(os.environ, job_id, job_dir, name, Path.cwd())
+    if problem is not None:
+        warnings.warn(problem, stacklevel=3)
 
 
 class Executor:

@@ -19,16 +19,15 @@ from submitit.local.local import LocalJob as _SubmititLocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher
 from submitit.slurm.slurm import SlurmJob as _SubmititSlurmJob
 
-from hpclaunch.errors import SlurmError
 from hpclaunch.jobdir.layout import ExecutorFolder, JobFolder, RankFile, batch_log
 from hpclaunch.ops import status as jobstatus
 from hpclaunch.slurm.commands import Slurm
+from hpclaunch.slurm.states import JobState, is_final
 
 R = TypeVar("R")
 
-# The state of a job that scontrol no longer knows, where there is no sacct.
-ENDED_STATE = "ENDED"
-INVALID_JOB = jobstatus.SCONTROL_INVALID_JOB
+# submitit's state of a job no command has said anything of yet.
+UNKNOWN_STATE = "UNKNOWN"
 LOG_TAIL_LINES = 40
 # After SLURM says the job ended, how long result() waits for rank 0's result
 # file to be visible (a shared filesystem may show it late).
@@ -44,10 +43,10 @@ class ScontrolWatcher(SlurmInfoWatcher):
         self._slurm = slurm or Slurm()
 
     def get_state(self, job_id: str, mode: str = "standard") -> str:
-        return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"
+        return self.get_info(job_id, mode=mode).get("State") or UNKNOWN_STATE
 
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
-        return self.get_state(job_id, mode=mode).split()[0] in jobstatus.FINAL_STATES
+        return is_final(self.get_state(job_id, mode=mode))
 
     def update(self) -> None:
         self._num_calls += 1
@@ -61,21 +60,18 @@ class ScontrolWatcher(SlurmInfoWatcher):
                 self._finished.add(job_id)
 
     def _query(self, job_id: str) -> dict[str, str]:
-        try:
-            fields = self._slurm.job_fields(job_id)
-        except SlurmError as forgotten:
-            try:
-                return self._slurm.accounted_job(job_id)
-            except SlurmError:
-                if INVALID_JOB in forgotten.stderr:
-                    # Ended longer ago than MinJobAge, and no accounting to ask: it
-                    # runs no more (a controller that cannot be reached says otherwise).
-                    return {"State": ENDED_STATE, "JobId": job_id}
-                return {}
-        return {
-            "State": fields.get("JobState", ""), "NodeList": fields.get("NodeList", ""),
-            "JobId": fields.get("JobId", ""), "Restarts": fields.get("Restarts", ""),
-        }  # fmt: skip
+        """submitit's info dict of the job; empty when SLURM said nothing new."""
+        answer = self._slurm.lookup(job_id)
+        record = answer.record
+        if record is not None:
+            restarts = "" if record.restarts is None else str(record.restarts)
+            return {"State": record.state or "", "NodeList": record.nodes,
+                    "JobId": record.job_id or "", "Restarts": restarts}  # fmt: skip
+        if answer.forgotten and answer.sacct_error is not None:
+            # Ended longer ago than MinJobAge, and no accounting to ask: it runs no
+            # more (a controller that cannot be reached says otherwise).
+            return {"State": JobState.ENDED.value, "JobId": job_id}
+        return {}
 
 
 class _HpclaunchLogs:

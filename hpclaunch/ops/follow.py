@@ -1,6 +1,6 @@
 """Following a job: what changed between two looks at it (pure), log files read as
-they grow, and the loop behind ``hpclaunch sbatch --follow`` and
-``hpclaunch logs --follow``. No torch."""
+they grow, and the one loop behind ``hpclaunch sbatch --follow``, ``status --follow``
+and ``logs --follow``. No torch."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.ops.status import JobStatus
 from hpclaunch.slurm.hostlist import compress
+from hpclaunch.slurm.states import ON_NODES
 
 # How often a follower looks again (a person watching, not a synchronisation), and
 # after how many looks in a row without any state it gives up (SLURM unreachable).
@@ -48,7 +49,7 @@ def _state_line(status: JobStatus) -> str:
     line = f"state {status.state or 'unknown'}"
     if status.pending_reason:
         line += f" ({status.pending_reason})"
-    if status.nodes and status.state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+    if status.nodes and status.job_state in ON_NODES:
         line += f" on {compress(status.nodes)}"
     if status.ended and status.exit_code:
         line += f", exit code {status.exit_code}"
@@ -56,9 +57,14 @@ def _state_line(status: JobStatus) -> str:
 
 
 class LostTrack(HpclaunchError):
-    """The follower cannot tell the job's state any more; the message says why."""
+    """The follower cannot tell the job's state any more; the message says why, and
+    ``last`` is the last look."""
 
     exit_code = ExitCode.SLURM
+
+    def __init__(self, message: str, last: JobStatus) -> None:
+        super().__init__(message)
+        self.last = last
 
 
 def watch(
@@ -68,14 +74,33 @@ def watch(
     blind_looks: int = BLIND_LOOKS,
 ) -> JobStatus:
     """Look at the job until it has ended, emitting each change; returns the last look.
-    Raises LostTrack when SLURM has forgotten the job and its folder does not say how
-    it ended, or after ``blind_looks`` looks in a row without a state."""
-    before: JobStatus | None = None
-    blind = 0
-    while True:
-        now = look()
-        for line in changes(before, now):
+    Raises LostTrack (see ``loop``)."""
+    before: list[JobStatus] = []
+
+    def seen(now: JobStatus) -> None:
+        for line in changes(before[-1] if before else None, now):
             emit(line)
+        before[:] = [now]
+
+    return loop(look, seen, sleep, blind_looks)
+
+
+def loop(
+    look: Callable[[], JobStatus],
+    seen: Callable[[JobStatus], None],
+    sleep: Callable[[float], None] = time.sleep,
+    blind_looks: int = BLIND_LOOKS,
+    first: JobStatus | None = None,
+) -> JobStatus:
+    """The one follow loop: look at the job (``first``, when given, is the first look),
+    hand each look to ``seen``, and sleep between looks until the job has ended;
+    returns the last look. Raises LostTrack when SLURM has forgotten the job and its
+    folder does not say how it ended, or after ``blind_looks`` looks in a row without
+    a state."""
+    blind = 0
+    now = first if first is not None else look()
+    while True:
+        seen(now)
         if now.ended:
             return now
         blind = blind + 1 if now.state is None else 0
@@ -83,10 +108,11 @@ def watch(
             why = "; ".join(now.notes) or "no state from SLURM or the job folder"
             raise LostTrack(
                 f"cannot tell whether job {now.job_id} is still running: {why}. "
-                f"`hpclaunch logs {now.job_id}` shows what it wrote"
+                f"`hpclaunch logs {now.job_id}` shows what it wrote",
+                now,
             )
-        before = now
         sleep(POLL_S)
+        now = look()
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -86,3 +87,24 @@ def find(env: Mapping[str, str], job_id: int) -> Entry | None:
     """The latest entry of ``job_id`` (ids come round again on a long-lived cluster)."""
     matches = [entry for entry in entries(env) if entry.job_id == job_id]
     return matches[-1] if matches else None
+
+
+def note(
+    env: Mapping[str, str],
+    job_id: int,
+    job_dir: Path,
+    name: str,
+    workdir: Path,
+    cluster: str | None = None,
+) -> str | None:
+    """Add a submitted job to the list, now; None when it was added, else what went
+    wrong as a sentence for the caller's warning (the job is submitted either way)."""
+    entry = Entry(job_id, str(job_dir.absolute()), name, time.time(), cluster, str(workdir))
+    try:
+        add(env, entry)
+    except OSError as exc:
+        return (
+            f"job {job_id} was submitted, but could not be added to "
+            f"{path(env)} ({exc.strerror or exc})"
+        )
+    return None

@@ -16,20 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch import checkpoint
-from hpclaunch.errors import SlurmError, SlurmNotFound
+from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import registry
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
+from hpclaunch.slurm.states import JobRecord, JobState, Source, is_final
 
-# SLURM states after which the job runs no more (REQUEUED and PENDING are not);
-# ENDED is hpclaunch's, for a job SLURM forgot without saying how it ended.
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "PREEMPTED", "ENDED",
-})  # fmt: skip
 # A run that ended the job, by what the supervisor did next and why: the state to show
 # once SLURM has forgotten the job. After a requeue the job is not over.
 _ENDING_ACTIONS = {
@@ -39,22 +34,20 @@ _ENDING_ACTIONS = {
 }
 _REQUEUED_ACTIONS = {Action.REQUEUE.value, Action.SLURM_REQUEUES.value}
 _HISTORY_STATES = {
-    Reason.COMPLETED.value: "COMPLETED",
-    Reason.CANCELLED.value: "CANCELLED",
+    Reason.COMPLETED.value: JobState.COMPLETED,
+    Reason.CANCELLED.value: JobState.CANCELLED,
 }
-# scontrol's answer for a job it no longer remembers (ended longer ago than MinJobAge).
-SCONTROL_INVALID_JOB = "Invalid job id"
 
 
 def history_state(action: str | None, reason: str | None) -> str | None:
     """The state history.json gives a run that has ended: the job's, when that run was
     its last; None when the run did not say."""
     if action in _REQUEUED_ACTIONS:
-        return "REQUEUED"
+        return JobState.REQUEUED.value
     if action in _ENDING_ACTIONS:
         if action == Action.NONE.value:
-            return _HISTORY_STATES.get(reason or "", "FAILED")
-        return "FAILED"
+            return _HISTORY_STATES.get(reason or "", JobState.FAILED).value
+        return JobState.FAILED.value
     return None
 
 
@@ -102,8 +95,13 @@ class JobStatus:
     slurm_unreachable: bool = False  # SLURM's commands are missing, or did not answer
 
     @property
+    def job_state(self) -> JobState | None:
+        """``state`` as a JobState; None when unknown (or one a later SLURM added)."""
+        return JobState.parse(self.state)
+
+    @property
     def ended(self) -> bool:
-        return self.state is not None and self.state.split()[0] in FINAL_STATES
+        return is_final(self.state)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -120,13 +118,13 @@ def gather(
     """The job's status. ``job_dir`` overrides where the job folder is looked for;
     ``slurm`` None: do not ask SLURM (it is known to be unreachable)."""
     status = JobStatus(job_id)
-    fields: dict[str, str] = {}
+    record = None
     if slurm is None:
         status.slurm_unreachable = True
     else:
-        fields = _slurm_fields(job_id, slurm, status)
+        record = _from_slurm(job_id, slurm, status)
     entry = registry.find(env, job_id)
-    folder = job_dir or locate(job_id, entry, fields)
+    folder = job_dir or locate(job_id, entry, record)
     if folder is None:
         status.notes.append(
             f"job {job_id}'s folder is unknown (not in {registry.path(env)}, and SLURM "
@@ -144,14 +142,31 @@ def gather(
         if last.ended is not None:
             status.state = history_state(last.action, last.reason)
             status.state_source = "history" if status.state else None
-        if status.state in (None, "REQUEUED"):
-            status.state, status.state_source = "ENDED", "history"
+        if status.state in (None, JobState.REQUEUED.value):
+            status.state, status.state_source = JobState.ENDED.value, "history"
             status.notes.append(
                 "SLURM no longer knows the job and its last run did not record how it "
                 "ended (cancelled while pending, or its batch node was lost)"
             )
     if status.batch_log is None and status.job_dir is not None:
         status.batch_log = _batch_log(Path(status.job_dir).parent, job_id, status.name)
+    return status
+
+
+class JobNotFound(HpclaunchError):
+    """Neither SLURM nor the job folder knows the job."""
+
+
+def find(job_id: int, slurm: Slurm | None, env: Mapping[str, str],
+         job_dir: Path | None = None) -> JobStatus:  # fmt: skip
+    """The status of a job that SLURM or its folder knows. Raises JobNotFound (exit
+    code SLURM's when SLURM could not be asked) naming what was tried."""
+    status = gather(job_id, slurm, env, job_dir)
+    if status.state is None and status.job_dir is None:
+        error = JobNotFound(f"job {job_id} (from JOBID) is unknown: " + "; ".join(status.notes))
+        if status.slurm_unreachable:  # not unknown: SLURM could not be asked
+            error.exit_code = ExitCode.SLURM
+        raise error
     return status
 
 
@@ -163,60 +178,42 @@ def _batch_log(log_dir: Path, job_id: int, name: str | None) -> str | None:
     return str(found[0]) if found else None
 
 
-def locate(job_id: int, entry: registry.Entry | None, fields: Mapping[str, str]) -> Path | None:
+def locate(job_id: int, entry: registry.Entry | None, record: JobRecord | None) -> Path | None:
     """The job folder: the job list's entry, else the folder of SLURM's ``StdOut``
     (the rendered script writes the batch log next to the job folders)."""
     if entry is not None:
         return Path(entry.job_dir)
-    out = fields.get("StdOut", "")
+    out = (record.stdout if record is not None else None) or ""
     if out.startswith("/"):
         return JobFolder.of(Path(out).parent, job_id).root
     return None
 
 
-def _first_line(exc: SlurmError) -> str:
-    text = (exc.stderr.strip() or str(exc)).splitlines()
-    return text[0] if text else "no answer"
-
-
-def _slurm_fields(job_id: int, slurm: Slurm, status: JobStatus) -> dict[str, str]:
-    try:
-        fields = slurm.job_fields(job_id)
-    except SlurmNotFound:
-        status.slurm_unreachable = True
+def _from_slurm(job_id: int, slurm: Slurm, status: JobStatus) -> JobRecord | None:
+    """What SLURM says, into ``status``; the record, None when there is none."""
+    answer = slurm.lookup(job_id)
+    status.slurm_forgot, status.slurm_unreachable = answer.forgotten, answer.unreachable
+    record = answer.record
+    if answer.not_on_path:
         status.notes.append("SLURM's commands are not on PATH here; showing the job folder only")
-        return {}
-    except SlurmError as exc:
-        forgotten = SCONTROL_INVALID_JOB in exc.stderr
-        try:
-            accounted = slurm.accounted_job(job_id)
-        except SlurmError as sacct:
-            status.slurm_forgot = forgotten
-            status.slurm_unreachable = not forgotten
-            status.notes.append(f"scontrol: {_first_line(exc)}; sacct: {_first_line(sacct)}")
-            return {}
-        if not accounted:
-            status.slurm_forgot = forgotten
-            status.notes.append(f"neither scontrol nor sacct knows job {job_id}")
-            return {}
-        status.state, status.state_source = accounted.get("State") or None, "sacct"
-        status.nodes = _hosts(accounted.get("NodeList", ""))
-        status.exit_code = accounted.get("ExitCode") or None
-        return accounted
-    status.state, status.state_source = fields.get("JobState") or None, "scontrol"
-    status.name = fields.get("JobName") or None
-    status.nodes = _hosts(fields.get("NodeList", ""))
-    status.exit_code = fields.get("ExitCode") or None
-    reason = fields.get("Reason", "")
-    if status.state == "PENDING" and reason and reason != "None":
-        status.pending_reason = reason
-    restarts = fields.get("Restarts", "")
-    if restarts.isdigit():
-        status.requeues = int(restarts)
-    out = fields.get("StdOut", "")
-    if out.startswith("/") and Path(out).exists():
-        status.batch_log = out
-    return fields
+    elif record is None and answer.sacct_error is not None:
+        status.notes.append(f"scontrol: {answer.scontrol_error}; sacct: {answer.sacct_error}")
+    elif record is None:
+        status.notes.append(f"neither scontrol nor sacct knows job {job_id}")
+    if record is None:
+        return None
+    status.state, status.state_source = record.state, record.source.value
+    status.nodes = _hosts(record.nodes)
+    status.exit_code = record.exit_code
+    if record.source is Source.SCONTROL:
+        status.name = record.name
+        if record.job_state is JobState.PENDING:
+            status.pending_reason = record.reason
+        status.requeues = record.restarts
+        out = record.stdout or ""
+        if out.startswith("/") and Path(out).exists():
+            status.batch_log = out
+    return record
 
 
 def _hosts(hostlist: str) -> list[str]:
@@ -288,7 +285,7 @@ def root_cause(folder: Path, runs: Sequence[RunSummary] = ()) -> str | None:
 def exit_status(status: JobStatus) -> int:
     """The exit status that mirrors the job's: 0 when it completed, its own exit
     status when it has one, else 1."""
-    if status.state == "COMPLETED":
+    if status.job_state is JobState.COMPLETED:
         return 0
     code = (status.exit_code or "").partition(":")[0]
     return int(code) if code.isdigit() and int(code) != 0 else 1

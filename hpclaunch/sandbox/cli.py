@@ -10,19 +10,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from hpclaunch.cli.context import fail
 from hpclaunch.errors import HpclaunchError
 
 if TYPE_CHECKING:
     from hpclaunch.sandbox.cluster import Sandbox
-
-
-def _fail(exc: HpclaunchError) -> NoReturn:
-    click.echo(f"Error: {exc}", err=True)
-    sys.exit(int(exc.exit_code))
 
 
 @click.group()
@@ -68,7 +64,7 @@ def up(box: Sandbox, nodes: int, gpus_per_node: int, partitions: str, mode: str)
         spec = SandboxSpec(nodes, gpus_per_node, Partitions(partitions), Mode(mode))
         lay = box.up(spec)
     except HpclaunchError as exc:
-        _fail(exc)
+        fail(exc)
     count = f"{len(lay.nodes)} node{'s' if len(lay.nodes) != 1 else ''}"
     click.echo(
         f"sandbox up: {count} ({lay.mode.value} mode); to use it:\n"
@@ -84,7 +80,7 @@ def down(box: Sandbox) -> None:
     try:
         left = box.down()
     except HpclaunchError as exc:
-        _fail(exc)
+        fail(exc)
     if left:
         click.echo(f"Error: could not remove: {', '.join(left)}", err=True)
         sys.exit(1)
@@ -98,7 +94,7 @@ def status(box: Sandbox, as_json: bool) -> None:
     try:
         info: dict[str, Any] = box.status()
     except HpclaunchError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     elif "mode" not in info:
@@ -120,7 +116,7 @@ def env(box: Sandbox) -> None:
     try:
         values = box.env()
     except HpclaunchError as exc:
-        _fail(exc)
+        fail(exc)
     for key, value in values.items():
         click.echo(f"export {key}={shlex.quote(value)}")
 
@@ -133,7 +129,7 @@ def _node_command(name: str, doc: str, act: Callable[[Sandbox, str], None]) -> N
         try:
             act(box, node)
         except HpclaunchError as exc:
-            _fail(exc)
+            fail(exc)
 
 
 def _scontrol(action: str) -> Callable[[Sandbox, str], None]:

@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Protocol
 
 from hpclaunch.errors import SlurmError, SlurmNotFound
+from hpclaunch.slurm.states import JobRecord
 
 DEFAULT_TIMEOUT_S = 60.0
+# scontrol's answer for a job it no longer remembers (ended longer ago than MinJobAge).
+INVALID_JOB = "Invalid job id"
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,28 @@ def parse_sbatch_parsable(stdout: str) -> SubmittedJob:
 
 
 @dataclass(frozen=True)
+class JobLookup:
+    """SLURM's answer about one job: its record, or why there is none."""
+
+    record: JobRecord | None
+    forgotten: bool = False  # scontrol: "Invalid job id", and sacct had no record
+    not_on_path: bool = False  # SLURM's commands are not installed here
+    scontrol_error: str | None = None  # the first line of what it printed
+    sacct_error: str | None = None  # None: sacct answered (or was not asked)
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether SLURM could not be asked: no commands, or neither command answered
+        and scontrol did not say that it forgot the job."""
+        return self.not_on_path or (self.sacct_error is not None and not self.forgotten)
+
+
+def _first_line(exc: SlurmError) -> str:
+    text = (exc.stderr.strip() or str(exc)).splitlines()
+    return text[0] if text else "no answer"
+
+
+@dataclass(frozen=True)
 class Slurm:
     """SLURM's commands, run through ``runner``."""
 
@@ -196,17 +221,31 @@ class Slurm:
         """``scontrol show job JOBID`` as KEY=VALUE pairs. Raises SlurmError."""
         return parse_show_job(self._run(("scontrol", "show", "job", str(job_id))).stdout)
 
-    def accounted_job(self, job_id: int | str) -> dict[str, str]:
-        """The job's State, NodeList and ExitCode from ``sacct`` (an empty dict when sacct does
-        not know it). Raises SlurmError, also where there is no accounting database."""
+    def accounted_job(self, job_id: int | str) -> JobRecord | None:
+        """The job's State, NodeList and ExitCode from ``sacct`` (None when sacct does not
+        know it). Raises SlurmError, also where there is no accounting database."""
         argv = ("sacct", "--noheader", "--allocations", "--parsable2",
                 "--format=State,NodeList,ExitCode", f"--jobs={job_id}")  # fmt: skip
         lines = [line for line in self._run(argv).stdout.splitlines() if line.strip()]
-        if not lines:
-            return {}
-        state, nodes, exit_code = [*lines[-1].split("|"), "", "", ""][:3]
-        words = state.split()  # "CANCELLED by 0"
-        return {"State": words[0] if words else "", "NodeList": nodes, "ExitCode": exit_code}
+        return JobRecord.from_sacct(lines[-1], str(job_id)) if lines else None
+
+    def lookup(self, job_id: int | str) -> JobLookup:
+        """What SLURM says of the job: ``scontrol show job`` while slurmctld remembers
+        it, else ``sacct``. Raises nothing: what could not be asked is in the answer."""
+        try:
+            return JobLookup(JobRecord.from_scontrol(self.job_fields(job_id)))
+        except SlurmNotFound:
+            return JobLookup(None, not_on_path=True)
+        except SlurmError as exc:
+            scontrol = exc
+        forgotten = INVALID_JOB in scontrol.stderr
+        try:
+            record = self.accounted_job(job_id)
+        except SlurmError as sacct:
+            return JobLookup(None, forgotten, scontrol_error=_first_line(scontrol),
+                             sacct_error=_first_line(sacct))  # fmt: skip
+        return JobLookup(record, forgotten and record is None,
+                         scontrol_error=_first_line(scontrol))  # fmt: skip
 
     def cancel(self, job_id: int) -> None:
         """``scancel JOBID``: SLURM stops every process of the job. Raises SlurmError."""
