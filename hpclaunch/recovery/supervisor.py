@@ -30,7 +30,7 @@ from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.slurm.commands import Slurm
-from hpclaunch.slurm.hostlist import HostlistError, expand
+from hpclaunch.slurm.env import job_nodes
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class Supervisor:
         restarts = _slurm_restarts(self.slurm, self.job_id) if result.signals else None
         if result.status != 0 and not result.signals and self.job_dir is not None:
             records = failures.read(self.job_dir, self.requeue_count)
-            self.finding = failures.classify(records, _step_nodes(self.env))
+            self.finding = failures.classify(records, job_nodes(self.env))
             _print_root_cause(
                 self.job_dir, self.requeue_count, failures.culprit(records, self.finding)
             )
@@ -259,7 +259,7 @@ class Supervisor:
     def _by_slurm(self) -> requeue.Decision:
         if self._lost is None:
             before = self.history.excluded_nodes if self.history else []
-            self._lost = _keep_lost_out(self.slurm, self.job_id, _step_nodes(self.env), before)
+            self._lost = _keep_lost_out(self.slurm, self.job_id, job_nodes(self.env), before)
         return requeue.Decision(
             requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, self._lost
         )
@@ -319,13 +319,6 @@ def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> No
     if block is not None:
         sys.stderr.write(block)
         sys.stderr.flush()
-
-
-def _step_nodes(env: Mapping[str, str]) -> list[str]:
-    try:
-        return expand(env.get("SLURM_JOB_NODELIST", ""))
-    except HostlistError:
-        return []
 
 
 def _slurm_restarts(slurm: Slurm, job_id: int) -> int | None:

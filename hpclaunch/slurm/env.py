@@ -127,6 +127,15 @@ class NodeContext:
         return replace(self, hosts=hosts, node_rank=hosts.index(self.hostname))
 
 
+def job_nodes(env: Mapping[str, str]) -> list[str]:
+    """The job's nodes as the batch step sees them (``SLURM_JOB_NODELIST``, expanded);
+    none when it is unset or not a hostlist (the supervisor then names no node)."""
+    try:
+        return expand(env.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError:
+        return []
+
+
 def topology_order(hosts: Sequence[str], switch_of: Mapping[str, str]) -> tuple[str, ...]:
     """Hosts grouped by leaf switch (switches in order of first appearance), SLURM's
     order kept within a switch."""

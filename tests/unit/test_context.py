@@ -11,6 +11,7 @@ from hpclaunch.slurm.env import (
     NodeContext,
     RankOrder,
     derive_port,
+    job_nodes,
     parse_topology,
     topology_order,
 )
@@ -164,3 +165,9 @@ def test_topology_rank_order() -> None:
     assert ctx().ordered(RankOrder.SLURM, switch_of) == ctx()
     with pytest.raises(ContextError, match="does not place n4"):
         ctx().ordered(RankOrder.TOPOLOGY, {"n1": "a", "n2": "a", "n3": "b"})
+
+
+def test_job_nodes_of_the_batch_step() -> None:
+    assert job_nodes({"SLURM_JOB_NODELIST": "n[1-3],m7"}) == ["n1", "n2", "n3", "m7"]
+    assert job_nodes({"SLURM_JOB_NODELIST": "n[1-"}) == []
+    assert job_nodes({}) == []
