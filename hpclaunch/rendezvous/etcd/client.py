@@ -20,18 +20,13 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from hpclaunch.errors import EtcdError
-from hpclaunch.rendezvous.etcd import session
-from hpclaunch.rendezvous.etcd.access import Access
+# session first: it names the missing extra when etcd3gw is not installed.
+from hpclaunch.rendezvous.etcd import session  # isort: skip
+import requests
+from etcd3gw import exceptions as gw_errors
 
-try:
-    import requests
-    from etcd3gw import exceptions as gw_errors
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise EtcdError(
-        f"etcd support needs the etcd extra ({exc.name} is not installed); "
-        "run: pip install 'hpclaunch[etcd]'"
-    ) from None
+from hpclaunch.errors import EtcdError
+from hpclaunch.rendezvous.etcd.access import Access
 
 log = logging.getLogger(__name__)
 
