@@ -33,9 +33,9 @@ from hpclaunch.sandbox.cluster import Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
 from hpclaunch.slurm.commands import parse_show_job
+from hpclaunch.slurm.states import is_final
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
 def fields(job: int, env: dict[str, str]) -> dict[str, str]:
@@ -67,7 +67,7 @@ def one_run(work: Path, env: dict[str, str]) -> tuple[float, float]:
     subprocess.run(["scancel", "--signal=USR1", "--batch", str(job)], env=env, check=True)
     wait(lambda: fields(job, env).get("Restarts") == "1")
     requeued = time.time()
-    wait(lambda: fields(job, env)["JobState"] in ENDED)
+    wait(lambda: is_final(fields(job, env)["JobState"]))
     runs = json.loads((job_dir / "history.json").read_text())["runs"]
     log = (work / "hpclaunch-logs" / f"train-{job}.out").read_text()
     firsts = [json.loads(line.split("FIRST_STEP ", 1)[1]) for line in log.splitlines()
