@@ -50,6 +50,7 @@ from typing import Any
 
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobdir.atomic import write_atomic
+from hpclaunch.node import worker_env
 
 __all__ = [
     "ENV_VAR",
@@ -69,7 +70,7 @@ __all__ = [
     "write_atomic",
 ]
 
-ENV_VAR = "HPCLAUNCH_CHECKPOINT_DIR"
+ENV_VAR = worker_env.CHECKPOINT_DIR
 DEFAULT_KEEP_LAST = 2
 MAX_STEP = 10**12 - 1  # file names hold 12 digits
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)

@@ -32,6 +32,7 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, ExecutorFolder
+from hpclaunch.node import worker_env
 
 log = logging.getLogger("hpclaunch.executor")
 
@@ -116,7 +117,7 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
         _write_json(ExecutorFolder(folder).info(job_id), {
             "slurm_job_id": environ.get("SLURM_JOB_ID"),
             "job_dir": environ.get(JOB_DIR_VAR),
-            "requeue": int(environ.get("HPCLAUNCH_REQUEUE_COUNT") or 0),
+            "requeue": int(environ.get(worker_env.REQUEUE_COUNT) or 0),
         })  # fmt: skip
     _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
     delayed = DelayedSubmission.load(paths.submitted_pickle)

@@ -191,7 +191,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
         if spec.checkpoint_dir is not None
         else Shell(f'"${layout.JOB_DIR_VAR}"/{layout.CHECKPOINTS}')
     )
-    supervisor = words(supervisor_argv(spec), "--job-dir", Shell('"$HPCLAUNCH_JOB_DIR"'), "--")
+    supervisor = words(supervisor_argv(spec), "--job-dir", Shell(f'"${layout.JOB_DIR_VAR}"'), "--")
     srun = words(
         "srun",
         Shell('--nodes="$SLURM_JOB_NUM_NODES"'),

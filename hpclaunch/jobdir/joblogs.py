@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
 TRACEBACK_START = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES = 60
 TAIL_LINES = 20

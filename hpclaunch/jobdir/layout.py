@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch.job.spec import DEFAULT_LOG_DIR
+from hpclaunch.node import worker_env
 
-JOB_DIR_VAR = "HPCLAUNCH_JOB_DIR"  # set by the rendered script (and the local Executor)
+# Set by the rendered script (and the local Executor); see hpclaunch.node.worker_env.
+JOB_DIR_VAR = worker_env.JOB_DIR
 SCRIPT = "job.sbatch"
 HISTORY = "history.json"
 CANCELLED = "cancelled"
@@ -53,7 +55,7 @@ EXECUTOR_INFO_SUFFIX = "_hpclaunch.json"
 # The parts of a run that are the same on every node: SLURM's requeue count, the
 # job step, and the rendezvous round (HPCLAUNCH_ATTEMPT, job-wide, unlike torch's
 # per-agent TORCHELASTIC_RESTART_COUNT).
-_RUN_VARS = ("HPCLAUNCH_REQUEUE_COUNT", "SLURM_STEP_ID", "HPCLAUNCH_ATTEMPT")
+_RUN_VARS = (worker_env.REQUEUE_COUNT, "SLURM_STEP_ID", worker_env.ATTEMPT)
 
 
 class RankFile(enum.Enum):

@@ -163,7 +163,8 @@ def _launch(
     try:
         run_agent(
             LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
-            worker_env=worker_env(ctx, opts.rdzv), on_failure=_recorder(ctx, job, logs),
+            worker_env=lambda attempt: worker_env(ctx, opts.rdzv, attempt),
+            on_failure=_recorder(ctx, job, logs),
             monitor_wait_s=opts.monitor_interval_s, **start,
         )  # fmt: skip
     except ChildFailedError as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
-from hpclaunch.node.recording_agent import OnFailure, RecordingAgent, StartProcesses
+from hpclaunch.node.recording_agent import OnFailure, RecordingAgent, StartProcesses, WorkerEnv
 
 # What the caller catches and builds, from torch, so that it imports torch through here.
 __all__ = [
@@ -54,12 +54,12 @@ __all__ = [
 
 def run_agent(
     config: LaunchConfig, entrypoint: str, args: Sequence[str], *,
-    worker_env: Mapping[str, str], on_failure: OnFailure | None = None,
+    worker_env: WorkerEnv, on_failure: OnFailure | None = None,
     monitor_wait_s: float = 0.1, start_processes: StartProcesses = torch_start_processes,
 ) -> dict[int, Any]:  # fmt: skip
     """Run the workers (``entrypoint args``) under hpclaunch's agent; their return values.
 
-    ``worker_env`` is added to each worker's environment; ``on_failure(result,
+    ``worker_env(attempt)`` is added to each worker's environment; ``on_failure(result,
     attempt)`` runs after each failed attempt; ``start_processes`` makes the workers'
     process context. Raises ChildFailedError when the workers failed for good,
     SignalException when the agent was stopped by a signal, and what the rendezvous

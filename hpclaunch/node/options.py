@@ -36,6 +36,7 @@ from hpclaunch.job.spec import (
     WorkerStart,
 )
 from hpclaunch.job.values import NodeRange
+from hpclaunch.node.worker_env import build as build_worker_env
 from hpclaunch.rendezvous import backends
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder
 
@@ -314,12 +315,9 @@ def launch_settings(
     )  # fmt: skip
 
 
-def worker_env(ctx: NodeContext, rdzv: str) -> dict[str, str]:
-    # rdzv: the backend's name, as --rdzv takes it
-    """hpclaunch's part of the worker environment (torch adds torchrun's variables)."""
-    return {
-        "HPCLAUNCH_JOB_ID": str(ctx.job_id),
-        "HPCLAUNCH_REQUEUE_COUNT": str(ctx.restart_count),
-        "HPCLAUNCH_NODE_RANK": str(ctx.node_rank),
-        **backends.BACKENDS[rdzv].worker_env,
-    }
+def worker_env(ctx: NodeContext, rdzv: str, attempt: int | None = None) -> dict[str, str]:
+    """hpclaunch's part of the worker environment for backend ``rdzv`` (a --rdzv name)
+    and ``attempt`` (see hpclaunch.node.worker_env); torch adds torchrun's variables."""
+    return build_worker_env(
+        ctx.job_id, ctx.restart_count, ctx.node_rank, attempt, backends.BACKENDS[rdzv].worker_env
+    )

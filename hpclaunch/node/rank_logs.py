@@ -13,8 +13,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
-from hpclaunch.jobdir.joblogs import ATTEMPT_VAR
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
+from hpclaunch.node import worker_env
 
 
 class RankLogs(LogsSpecs):
@@ -53,7 +53,7 @@ class RankLogs(LogsSpecs):
                 dest.tee_stdouts[local_rank] = str(out)
                 dest.tee_stderrs[local_rank] = str(err)
             env["TORCHELASTIC_ERROR_FILE"] = str(error_file)
-            env[ATTEMPT_VAR] = str(attempt)
+            env[worker_env.ATTEMPT] = str(attempt)
         if self._node is not None:  # which ranks this node ran, for `hpclaunch logs --node`
             ranks = sorted(int(env["RANK"]) for env in envs.values())
             folder.write_node_ranks(self._node, ranks)
@@ -67,4 +67,4 @@ def attempt_of(envs: Mapping[int, Mapping[str, str]]) -> int:
     """The attempt the workers of ``envs`` start in: what hpclaunch's agent put in
     their environment (HPCLAUNCH_ATTEMPT), else torch's per-agent restart count."""
     env = next(iter(envs.values()), {})
-    return int(env.get(ATTEMPT_VAR) or env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    return int(env.get(worker_env.ATTEMPT) or env.get("TORCHELASTIC_RESTART_COUNT") or 0)

@@ -32,7 +32,6 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
-from hpclaunch.jobdir.joblogs import ATTEMPT_VAR
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ SIGNALS_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 # Called as torch's ``start_processes``: the workers' process context, started.
 StartProcesses = Callable[..., PContext]
+# Called with the attempt's number: hpclaunch's part of that attempt's worker environment.
+WorkerEnv = Callable[[int], Mapping[str, str]]
 # Called with the failed attempt's result and the attempt's number.
 OnFailure = Callable[[RunResult, int], None]
 
@@ -54,18 +55,18 @@ class RecordingAgent(LocalElasticAgent):
     """Calls ``on_failure(result, attempt)`` once for every failed attempt, and looks
     at the workers as soon as one exits, at least every ``monitor_wait_s`` (torch's
     monitor interval is set near zero: its plain sleep is replaced by the wait for an
-    exit). ``worker_env`` is added to every worker's environment; ``start_processes``
+    exit). ``worker_env(attempt)`` is added to every worker's environment; ``start_processes``
     makes the workers' process context; ``signals`` stop the workers, as torch's
     ``signals_to_handle``."""
 
     def __init__(
         self, spec: WorkerSpec, logs_specs: LogsSpecs, *,
-        worker_env: Mapping[str, str], signals: Iterable[signal.Signals],
+        worker_env: WorkerEnv, signals: Iterable[signal.Signals],
         on_failure: OnFailure | None = None, monitor_wait_s: float = 0.1,
         start_processes: StartProcesses = torch_start_processes, **torch_options: Any,
     ) -> None:  # fmt: skip
         super().__init__(spec, logs_specs, **torch_options)
-        self._worker_env = dict(worker_env)
+        self._worker_env = worker_env
         self._signals = tuple(signals)
         self._on_failure = on_failure
         self._monitor_wait_s = monitor_wait_s
@@ -142,7 +143,7 @@ class RecordingAgent(LocalElasticAgent):
         arguments, and its output line prefix (None without a template)."""
         spec = worker_group.spec
         use_agent_store: bool = spec.rdzv_handler.use_agent_store
-        ours = {**self._worker_env, ATTEMPT_VAR: str(self.attempt)}
+        ours = dict(self._worker_env(self.attempt))
         ours[SIGNALS_VAR] = ",".join(sig.name for sig in self._signals)
         if not use_agent_store:  # the workers' own store, as torch's variable asks
             ours[SEPARATE_STORE] = "1"

@@ -1,0 +1,59 @@
+"""The worker environment users rely on: what hpclaunch adds to the variables torchrun
+sets, declared once (``WORKER_VARS``) with the one builder of the agent's part
+(``build``). docs/agent.md's table lists the same names, and a test keeps them alike.
+
+Pure: no torch, no I/O. The names are imported from here by everything that sets or
+reads them: the agent, the rendered script, the job folder and the worker API.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+JOB_ID = "HPCLAUNCH_JOB_ID"
+REQUEUE_COUNT = "HPCLAUNCH_REQUEUE_COUNT"
+NODE_RANK = "HPCLAUNCH_NODE_RANK"
+ATTEMPT = "HPCLAUNCH_ATTEMPT"
+JOB_DIR = "HPCLAUNCH_JOB_DIR"
+CHECKPOINT_DIR = "HPCLAUNCH_CHECKPOINT_DIR"
+
+
+class SetBy(enum.Enum):
+    """Who puts a variable into the workers' environment."""
+
+    AGENT = "agent"  # each node's agent, for every attempt's workers
+    SCRIPT = "script"  # the rendered sbatch script exports it; workers inherit it
+
+
+@dataclass(frozen=True)
+class WorkerVar:
+    """One variable of the worker environment, as docs/agent.md describes it."""
+
+    name: str
+    set_by: SetBy
+    meaning: str
+
+
+WORKER_VARS: tuple[WorkerVar, ...] = (
+    WorkerVar(JOB_ID, SetBy.AGENT, "the SLURM job id"),
+    WorkerVar(REQUEUE_COUNT, SetBy.AGENT, "SLURM_RESTART_COUNT, or 0 on the first run"),
+    WorkerVar(NODE_RANK, SetBy.AGENT, "this node's rank (as GROUP_RANK)"),
+    WorkerVar(ATTEMPT, SetBy.AGENT, "the job-wide attempt (rendezvous round) of this run"),
+    WorkerVar(JOB_DIR, SetBy.SCRIPT, "the job folder, LOG_DIR/JOBID"),
+    WorkerVar(CHECKPOINT_DIR, SetBy.SCRIPT, "where hpclaunch.checkpoint saves"),
+)
+
+
+def build(
+    job_id: int, requeue_count: int, node_rank: int, attempt: int | None,
+    backend_vars: Mapping[str, str],
+) -> dict[str, str]:  # fmt: skip
+    """The agent's part of the worker environment (``SetBy.AGENT``), then what the
+    rendezvous backend needs (``backend_vars``). ``attempt`` None: before any round
+    (what ``hpclaunch agent --dry-run`` shows), so no ``HPCLAUNCH_ATTEMPT``."""
+    env = {JOB_ID: str(job_id), REQUEUE_COUNT: str(requeue_count), NODE_RANK: str(node_rank)}
+    if attempt is not None:
+        env[ATTEMPT] = str(attempt)
+    return {**env, **backend_vars}

@@ -1,0 +1,50 @@
+"""The worker environment is declared once (hpclaunch.node.worker_env): the agent's
+builder, the rendered script and docs/agent.md all say the same variables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hpclaunch.job.render import render
+from hpclaunch.job.spec import JobSpec
+from hpclaunch.node import worker_env
+from hpclaunch.node.options import worker_env as agent_worker_env
+from hpclaunch.node.worker_env import WORKER_VARS, SetBy
+from hpclaunch.slurm.env import NodeContext
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "agent.md"
+CTX = NodeContext(
+    job_id=66, node_rank=1, hosts=("n1", "n2"), restart_count=2, nproc_per_node=2,
+    nproc_source="--nproc-per-node", master_port=15066,
+)  # fmt: skip
+
+
+def _documented() -> set[str]:
+    text = DOCS.read_text()
+    section = text[text.index("## The worker environment") :]
+    table = section[: section.index("\n\n", section.index("| variable |"))]
+    return {name for name in re.findall(r"`(HPCLAUNCH_[A-Z_]+)`", table)}
+
+
+def test_docs_list_every_hpclaunch_variable_and_no_other() -> None:
+    assert _documented() == {var.name for var in WORKER_VARS}
+
+
+def test_the_agent_sets_its_variables_for_each_attempt() -> None:
+    agent_set = {var.name for var in WORKER_VARS if var.set_by is SetBy.AGENT}
+    env = agent_worker_env(CTX, "c10d", attempt=3)
+    assert set(env) == agent_set
+    assert env[worker_env.ATTEMPT] == "3" and env[worker_env.REQUEUE_COUNT] == "2"
+    assert env[worker_env.NODE_RANK] == "1" and env[worker_env.JOB_ID] == "66"
+    # Before any round (hpclaunch agent --dry-run) there is no attempt yet.
+    assert worker_env.ATTEMPT not in agent_worker_env(CTX, "c10d")
+    # A backend adds what it needs, after hpclaunch's own.
+    assert agent_worker_env(CTX, "static", 0)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_the_script_exports_the_variables_it_sets() -> None:
+    script = render(JobSpec("train.py"))
+    for var in WORKER_VARS:
+        if var.set_by is SetBy.SCRIPT:
+            assert re.search(rf"^export {var.name}=", script, re.M), var.name
