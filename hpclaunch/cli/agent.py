@@ -17,6 +17,7 @@ import click
 from hpclaunch.cli.context import CliContext, fail, refuse_option_as_script, settings_options
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node.options import AgentSettings
+from hpclaunch.node.torch_version import check_installed_torch
 
 if TYPE_CHECKING:
     from hpclaunch.node.options import LaunchPlan
@@ -54,6 +55,8 @@ def agent(
                 format=f"hpclaunch[job {ctx.job_id} node {ctx.node_rank}]: %(message)s",
                 force=True,
             )
+        if not dry_run:  # before the sidecar, the zygote and torch's internals start
+            check_installed_torch()
         if opts.etcd_sidecar:
             opts, sidecar = node_agent.etcd_sidecar(ctx, opts, master, start=not dry_run)
         plan = options.launch_settings(ctx, opts, master, local)

@@ -171,11 +171,12 @@ def directives(spec: JobSpec) -> list[Shell]:
     return out
 
 
-def agent_argv(spec: JobSpec) -> list[str]:
+def agent_argv(spec: JobSpec, *, supervised: bool = False) -> list[str]:
     """``hpclaunch agent ...`` as run on each node, up to the training command: the
-    agent's settings for ``spec``, written by their own table. The built-in launch
-    line runs the step under ``hpclaunch supervise``: the agent is told so."""
-    return [*spec.launcher, "agent", *AgentSettings.from_spec(spec, supervised=True).to_argv()]
+    agent's settings for ``spec``, written by their own table. ``supervised``: the
+    step runs under ``hpclaunch supervise`` (the launch line), and the agents are told."""
+    settings = AgentSettings.from_spec(spec, supervised=supervised)
+    return [*spec.launcher, "agent", *settings.to_argv()]
 
 
 def supervisor_argv(spec: JobSpec) -> list[str]:
@@ -203,6 +204,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
         [_option(k, v, shlex.quote) for k, v in spec.srun_options],
     )
     agent = words(agent_argv(spec))
+    supervised_agent = words(agent_argv(spec, supervised=True))
     training = words(spec.entrypoint, spec.args)
     return {
         "spec": spec,
@@ -218,7 +220,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "agent_command": agent,
         "training_command": training,
         "launch_command": Shell(
-            f"{supervisor} \\\n    {srun} \\\n    {agent} -- \\\n    {training}"
+            f"{supervisor} \\\n    {srun} \\\n    {supervised_agent} -- \\\n    {training}"
         ),
     }
 

@@ -14,7 +14,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,10 @@ from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder, parse_topology
 
 if TYPE_CHECKING:  # the module is imported when a zygote is forked
+    from torch.distributed.elastic.agent.server.api import RunResult
+
+    from hpclaunch.node.rank_logs import RankLogs
+    from hpclaunch.node.recording_agent import OnFailure, StartProcesses
     from hpclaunch.node.warmstart.zygote import Zygote
 
 log = logging.getLogger(__name__)
@@ -165,7 +169,7 @@ def _launch(
             LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
             worker_env=lambda attempt: worker_env(ctx, opts.rdzv, attempt),
             on_failure=_recorder(ctx, job, logs),
-            monitor_wait_s=opts.monitor_interval_s, **start,
+            monitor_wait_s=opts.monitor_interval_s, start_processes=start,
         )  # fmt: skip
     except ChildFailedError as exc:
         block = _root_cause(exc, ctx, opts, logs.folder)
@@ -196,23 +200,23 @@ def _launch(
 
 def _workers_start(
     opts: AgentOptions, zygote: Zygote | None
-) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+) -> tuple[str, tuple[str, ...], StartProcesses | None]:
     """The workers' (entrypoint, args) for torch, and the agent's ``start_processes``
-    where the zygote starts them (torch's own otherwise: no entry)."""
+    where the zygote starts them (None: torch's own)."""
     agent_pid, setpriv = os.getpid(), shutil.which("setpriv")
     if zygote is None:
-        return (*guarded(worker_command(opts), agent_pid, setpriv), {})
+        return (*guarded(worker_command(opts), agent_pid, setpriv), None)
     from hpclaunch.node.warmstart.warm import WarmStart
 
     fresh = lambda worker: guarded(worker, agent_pid, setpriv)  # noqa: E731
     command, args = launched_as(opts, agent_pid, None)
-    return command, args, {"start_processes": WarmStart(zygote, fresh, opts.grace_period_s)}
+    return command, args, WarmStart(zygote, fresh, opts.grace_period_s)
 
 
-def _recorder(ctx: NodeContext, job: Path, logs: Any) -> Callable[[Any, int], None]:
+def _recorder(ctx: NodeContext, job: Path, logs: RankLogs) -> OnFailure:
     """The agent's ``on_failure``: a failure record of each failed attempt in ``job``."""
 
-    def record(result: Any, attempt: int) -> None:
+    def record(result: RunResult, attempt: int) -> None:
         failed = _failures(result.failures, logs.folder)
         path = failures.write(job, failures.record_of(
             ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip

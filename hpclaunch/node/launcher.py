@@ -55,13 +55,13 @@ __all__ = [
 def run_agent(
     config: LaunchConfig, entrypoint: str, args: Sequence[str], *,
     worker_env: WorkerEnv, on_failure: OnFailure | None = None,
-    monitor_wait_s: float = 0.1, start_processes: StartProcesses = torch_start_processes,
+    monitor_wait_s: float = 0.1, start_processes: StartProcesses | None = None,
 ) -> dict[int, Any]:  # fmt: skip
     """Run the workers (``entrypoint args``) under hpclaunch's agent; their return values.
 
     ``worker_env(attempt)`` is added to each worker's environment; ``on_failure(result,
     attempt)`` runs after each failed attempt; ``start_processes`` makes the workers'
-    process context. Raises ChildFailedError when the workers failed for good,
+    process context (None: torch's own). Raises ChildFailedError when the workers failed for good,
     SignalException when the agent was stopped by a signal, and what the rendezvous
     raises (RendezvousError and its kinds)."""
     params = RendezvousParameters(
@@ -83,7 +83,7 @@ def run_agent(
     agent = RecordingAgent(
         spec, config.logs_specs, worker_env=worker_env,  # type: ignore[arg-type]
         signals=signals_of(config.signals_to_handle), on_failure=on_failure,
-        monitor_wait_s=monitor_wait_s, start_processes=start_processes,
+        monitor_wait_s=monitor_wait_s, start_processes=start_processes or torch_start_processes,
         start_method=config.start_method, shutdown_timeout=config.shutdown_timeout,
         log_line_prefix_template=config.log_line_prefix_template,
     )  # fmt: skip

@@ -82,6 +82,19 @@ class AgentSettings:
         "backend: static (fixed ranks from SLURM), c10d (a store on the first node) or etcd.",
         Script.ALWAYS,
     )  # fmt: skip
+    max_restarts: int = setting(
+        DEFAULT_MAX_RESTARTS, "--max-restarts", Number(int, min=0),
+        "In-place restarts of this node's worker group.", Script.ALWAYS,
+    )  # fmt: skip
+    grace_period_s: float = setting(
+        DEFAULT_GRACE_PERIOD_S, "--grace-period", Number(float, min=0),
+        "Seconds the workers get to exit after a signal is passed on, before SIGKILL.",
+        Script.ALWAYS,
+    )  # fmt: skip
+    node_multiple: int = setting(
+        1, "--node-multiple", Number(int, min=1),
+        "Run on a multiple of K nodes; the nodes beyond it stand by as spares.",
+    )  # fmt: skip
     etcd_endpoints: tuple[str, ...] = setting(
         (), "--etcd-endpoint", Parsed("endpoints", ",".join),
         "etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
@@ -89,10 +102,6 @@ class AgentSettings:
     etcd_sidecar: bool = setting(
         False, "--etcd-sidecar", Flag(), "The first node starts an etcd server for the job."
     )
-    node_multiple: int = setting(
-        1, "--node-multiple", Number(int, min=1),
-        "Run on a multiple of K nodes; the nodes beyond it stand by as spares.",
-    )  # fmt: skip
     etcd_binary: str | None = setting(
         None, "--etcd-binary", Text(), "The etcd server for --etcd-sidecar. [default: etcd on PATH]"
     )
@@ -107,10 +116,6 @@ class AgentSettings:
     etcd_password_file: str | None = setting(
         None, "--etcd-password-file", Text(), "File whose first line is the etcd password."
     )
-    max_restarts: int = setting(
-        DEFAULT_MAX_RESTARTS, "--max-restarts", Number(int, min=0),
-        "In-place restarts of this node's worker group.", Script.ALWAYS,
-    )  # fmt: skip
     master_addr: str | None = setting(
         None, "--master-addr", Text(),
         "Address of the first node. [default: its name, or its NodeAddr]", Script.NEVER,
@@ -131,11 +136,6 @@ class AgentSettings:
         True, "--tee", Flag(off="--no-tee"),
         "Also copy every rank's output to the agent's, each line prefixed [rankN].",
         Script.NEVER,
-    )  # fmt: skip
-    grace_period_s: float = setting(
-        DEFAULT_GRACE_PERIOD_S, "--grace-period", Number(float, min=0),
-        "Seconds the workers get to exit after a signal is passed on, before SIGKILL.",
-        Script.ALWAYS,
     )  # fmt: skip
     worker_start: WorkerStart = setting(
         WorkerStart.WARM, "--worker-start", Choice(WorkerStart),
@@ -184,7 +184,7 @@ class AgentSettings:
         try:
             return rendezvous.build(self.rdzv, flat, others=True)
         except SpecError as exc:
-            raise ContextError(exc.message) from None
+            raise ContextError(f"--{exc.field.replace('_', '-')}: {exc.message}") from None
 
     @property
     def shutdown_timeout_s(self) -> int:

@@ -30,6 +30,22 @@ def release_of(version: str) -> tuple[int, int] | None:
     return None if match is None else (int(match[1]), int(match[2]))
 
 
+def check_installed_torch() -> None:
+    """Refuse an installed torch outside the tested range, read from its package
+    metadata (importing torch here would load OpenBLAS's threads before the warm start
+    forks). Raises TorchVersionError, also when torch is not installed."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        raise TorchVersionError(
+            "torch is not installed where the agent runs; install it in the job's "
+            f"environment (pip install 'torch{TESTED_RANGE}')"
+        ) from None
+    check_torch_version(version)
+
+
 def check_torch_version(version: str) -> None:
     """Refuse a torch outside the tested range. ``version``: ``torch.__version__``.
 

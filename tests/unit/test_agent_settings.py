@@ -159,3 +159,10 @@ def test_a_backend_is_one_table_row() -> None:
     assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("static", "n1:15077")
     assert plan.launch_config_kwargs()["rdzv_configs"] == {"rank": 1}
     assert worker_env(ctx, "static")["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_a_bad_rendezvous_value_names_its_option() -> None:
+    ctx = NodeContext.from_env(ENV)
+    opts = AgentOptions("t.py", rdzv="etcd", etcd_endpoints=("bad",))
+    with pytest.raises(ContextError, match=r"^--etcd-endpoint: 'bad' is not host:port"):
+        launch_settings(ctx, opts, "n1", "n2")

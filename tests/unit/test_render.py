@@ -138,6 +138,21 @@ def test_etcd_settings_reach_the_agent() -> None:
     assert "password" not in text.replace("--etcd-password-file", "")
 
 
+def test_the_agent_line_keeps_the_order_scripts_had() -> None:
+    """Options in the order earlier versions wrote them (scripts users kept and diff
+    against): the counts, then --node-multiple, then etcd's; --supervised last."""
+    job = JobSpec(
+        "t.py", nodes=NodeRange(2, 4), node_multiple=2,
+        rdzv=EtcdRdzv(endpoints=("e1:2379",), cacert="/ca.pem", user="u", password_file="/pw"),
+    )  # fmt: skip
+    line = next(line for line in render(job).splitlines() if "hpclaunch agent " in line)
+    assert line.strip() == (
+        "hpclaunch agent --nnodes 2:4 --nproc-per-node 1 --rdzv etcd --max-restarts 3 "
+        "--grace-period 90 --node-multiple 2 --etcd-endpoint e1:2379 --etcd-cacert /ca.pem "
+        "--etcd-user u --etcd-password-file /pw --supervised -- \\"
+    )
+
+
 def test_no_kill_keeps_the_job_and_the_step_on_a_lost_node() -> None:
     text = render(JobSpec("t.py", nodes=NodeRange(2, 3), rdzv=EtcdRdzv(sidecar=True),
                           no_kill=True))  # fmt: skip
