@@ -9,25 +9,38 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job import contract
 from hpclaunch.job.spec import EntryKind
-from hpclaunch.slurm.commands import Slurm
+
+if TYPE_CHECKING:
+    from hpclaunch.slurm.commands import Slurm
 
 
-@dataclass
 class CliContext:
-    """What commands need from the outside world; tests pass their own."""
+    """What commands need from the outside world; tests pass their own. SLURM's
+    command layer is loaded when a command first uses it (``sbatch --dry-run`` never)."""
 
-    slurm: Slurm = field(default_factory=Slurm)
-    cwd: Path = field(default_factory=Path.cwd)
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    def __init__(
+        self, slurm: Slurm | None = None, cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        self._slurm = slurm
+        self.cwd = Path.cwd() if cwd is None else cwd
+        self.env: Mapping[str, str] = dict(os.environ) if env is None else env
+
+    @property
+    def slurm(self) -> Slurm:
+        if self._slurm is None:
+            from hpclaunch.slurm.commands import Slurm
+
+            self._slurm = Slurm()
+        return self._slurm
 
 
 def fail(exc: HpclaunchError) -> NoReturn:

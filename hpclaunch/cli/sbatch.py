@@ -232,12 +232,14 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
     (a job that cannot be noted is submitted all the same: a warning says so).
     Raises TemplateError, SlurmError or HpclaunchError."""
     from hpclaunch.job.render import render
-    from hpclaunch.ops import registry
-    from hpclaunch.slurm.submit import submit
 
     text = render(spec)
     if dry_run:
         return text, None
+    # Only a submission needs these: --dry-run stays fast on a login node.
+    from hpclaunch.ops import registry
+    from hpclaunch.slurm.submit import submit
+
     done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
     problem = registry.note(obj.env, done.job_id, done.job_dir, spec.effective_job_name,
                             obj.cwd, done.cluster)  # fmt: skip

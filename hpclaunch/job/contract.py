@@ -8,6 +8,10 @@ it; the field's default is the one default. From the same rows the CLI generates
 the command's click options (``hpclaunch.cli.context.settings_options``) and
 ``to_argv`` writes the options into the script, so a value is written and read
 back by one parser. Pure: no click, no I/O.
+
+The kinds and rows are NamedTuples (immutable, typed) rather than frozen dataclasses:
+``hpclaunch sbatch`` loads this module on every call, and a frozen dataclass costs
+about half a millisecond to define (bench/cli.py).
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -31,8 +34,7 @@ class Script(enum.Enum):
     NEVER = "never"  # given by hand (or by the script in its own way), never by to_argv
 
 
-@dataclass(frozen=True)
-class Number:
+class Number(NamedTuple):
     """A whole number (``int``) or a number of seconds (``float``), within bounds."""
 
     type: type[int] | type[float] = int
@@ -46,8 +48,7 @@ class Number:
         return [str(value)]
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):
     """One member of an enum, written and typed as its value."""
 
     enum: type[enum.Enum]
@@ -56,8 +57,7 @@ class Choice:
         return [value.value]
 
 
-@dataclass(frozen=True)
-class Name:
+class Name(NamedTuple):
     """One of a fixed set of names (a table's keys, such as the rendezvous backends)."""
 
     choices: tuple[str, ...]
@@ -66,24 +66,21 @@ class Name:
         return [str(value)]
 
 
-@dataclass(frozen=True)
-class Text:
+class Text(NamedTuple):
     """A string as given (a host name, a file on the node)."""
 
     def words(self, value: Any) -> list[str]:
         return [str(value)]
 
 
-@dataclass(frozen=True)
-class Folder:
+class Folder(NamedTuple):
     """A folder path (``pathlib.Path``)."""
 
     def words(self, value: Any) -> list[str]:
         return [str(value)]
 
 
-@dataclass(frozen=True)
-class Parsed:
+class Parsed(NamedTuple):
     """A value read by one of hpclaunch.job.values' parsers, through the CLI's
     parameter type of that name (``hpclaunch.cli.context.TYPES``); ``write`` gives
     the text that parser reads back."""
@@ -95,8 +92,7 @@ class Parsed:
         return [self.write(value)]
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(NamedTuple):
     """A boolean: ``--x`` alone, or ``--x/--no-x`` when ``off`` names the second flag."""
 
     off: str | None = None
@@ -105,8 +101,7 @@ class Flag:
         return []  # the option name says it all (see Setting.argv)
 
 
-@dataclass(frozen=True)
-class Flags:
+class Flags(NamedTuple):
     """An enum chosen by one flag per member that is not the default
     (``-m/--module`` or ``--no-python`` for what SCRIPT is)."""
 
@@ -119,8 +114,7 @@ class Flags:
 Kind = Number | Choice | Name | Text | Folder | Parsed | Flag | Flags
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One row of a settings table: a field of a settings dataclass as an option."""
 
     option: str  # "--nnodes"; for Flags the member flags are the options
@@ -151,8 +145,7 @@ def setting(default: T, option: str, kind: Kind, help: str, script: Script = Scr
     return dataclasses.field(default=default, metadata={_ROW: row})
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """A settings table row with the field it belongs to and that field's default."""
 
     name: str

@@ -36,8 +36,6 @@ from hpclaunch.job.spec import (
     WorkerStart,
 )
 from hpclaunch.job.values import NodeRange
-from hpclaunch.node.worker_env import build as build_worker_env
-from hpclaunch.rendezvous import backends
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder
 
 if TYPE_CHECKING:
@@ -297,6 +295,8 @@ def launch_settings(
 ) -> LaunchPlan:
     """This node's launch plan (pure). Raises ContextError when the step does not fit
     the settings or the rendezvous backend cannot serve them."""
+    from hpclaunch.rendezvous import backends  # on the node only: sbatch needs none of it
+
     low, high = node_range(ctx, opts)
     request = backends.Request(
         node_rank=ctx.node_rank, first_node=f"{master_addr}:{ctx.master_port}",
@@ -318,6 +318,9 @@ def launch_settings(
 def worker_env(ctx: NodeContext, rdzv: str, attempt: int | None = None) -> dict[str, str]:
     """hpclaunch's part of the worker environment for backend ``rdzv`` (a --rdzv name)
     and ``attempt`` (see hpclaunch.node.worker_env); torch adds torchrun's variables."""
+    from hpclaunch.node.worker_env import build as build_worker_env
+    from hpclaunch.rendezvous import backends
+
     return build_worker_env(
         ctx.job_id, ctx.restart_count, ctx.node_rank, attempt, backends.BACKENDS[rdzv].worker_env
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 JOB_ID = "HPCLAUNCH_JOB_ID"
 REQUEUE_COUNT = "HPCLAUNCH_REQUEUE_COUNT"
@@ -27,8 +27,7 @@ class SetBy(enum.Enum):
     SCRIPT = "script"  # the rendered sbatch script exports it; workers inherit it
 
 
-@dataclass(frozen=True)
-class WorkerVar:
+class WorkerVar(NamedTuple):
     """One variable of the worker environment, as docs/agent.md describes it."""
 
     name: str

@@ -13,10 +13,12 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hpclaunch.errors import SlurmError, SlurmNotFound
-from hpclaunch.slurm.states import JobRecord
+
+if TYPE_CHECKING:  # loaded by the lookups that build records; sbatch needs none
+    from hpclaunch.slurm.states import JobRecord
 
 DEFAULT_TIMEOUT_S = 60.0
 # scontrol's answer for a job it no longer remembers (ended longer ago than MinJobAge).
@@ -227,12 +229,16 @@ class Slurm:
         argv = ("sacct", "--noheader", "--allocations", "--parsable2",
                 "--format=State,NodeList,ExitCode", f"--jobs={job_id}")  # fmt: skip
         lines = [line for line in self._run(argv).stdout.splitlines() if line.strip()]
+        from hpclaunch.slurm.states import JobRecord
+
         return JobRecord.from_sacct(lines[-1], str(job_id)) if lines else None
 
     def lookup(self, job_id: int | str) -> JobLookup:
         """What SLURM says of the job: ``scontrol show job`` while slurmctld remembers
         it, else ``sacct``. Raises nothing: what could not be asked is in the answer."""
         try:
+            from hpclaunch.slurm.states import JobRecord
+
             return JobLookup(JobRecord.from_scontrol(self.job_fields(job_id)))
         except SlurmNotFound:
             return JobLookup(None, not_on_path=True)
