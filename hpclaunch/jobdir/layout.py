@@ -11,6 +11,7 @@ wrote must still be read, so tests pin each one.
         history.json                          every run (hpclaunch.jobdir.history)
         cancelled                             `hpclaunch cancel`'s note to the supervisor
         checkpoints/                          HPCLAUNCH_CHECKPOINT_DIR, unless given
+        checkpoint-saves.jsonl                each save's times (hpclaunch.jobdir.saves)
         logs/requeue-Q/step-S/attempt-A/      one attempt's rank logs:
             rank-R.out  rank-R.err  rank-R.json   stdout, stderr, torch's error file
             node-NAME.ranks                   the global ranks node NAME ran (JSON)
@@ -45,6 +46,7 @@ SCRIPT = "job.sbatch"
 HISTORY = "history.json"
 CANCELLED = "cancelled"
 CHECKPOINTS = "checkpoints"
+SAVES = "checkpoint-saves.jsonl"
 LOGS = "logs"
 FAILURES = "failures"
 LOCAL_REQUEUES = "local-requeues"
@@ -144,6 +146,11 @@ class JobFolder:
     def checkpoints(self) -> Path:
         """The checkpoint folder when the job gives none of its own."""
         return self.root / CHECKPOINTS
+
+    @property
+    def saves(self) -> Path:
+        """Global rank 0's note of each checkpoint save: its times and size."""
+        return self.root / SAVES
 
     @property
     def logs(self) -> Path:

@@ -1,0 +1,151 @@
+"""The checkpoint folder: which checkpoints in it are committed, and the names a
+save and a damaged checkpoint go by. No torch: ``hpclaunch status`` reads it on
+the login node.
+
+A folder holds two forms, side by side::
+
+    step-000000000042.pt          one file: global rank 0's state (replicated, DDP)
+    step-000000000042/            one folder: every rank's shards (torch's distributed
+        .metadata                 checkpoint), committed as a whole
+        __0_0.distcp ...
+    .step-000000000043.tmp-TAG[/] a save in progress, or one killed mid-write
+    step-000000000041.damaged[/]  a committed checkpoint that failed to load
+
+Only the first two count: a name without the leading dot appears in one rename,
+after everything under it is durable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.node import worker_env
+
+ENV_VAR = worker_env.CHECKPOINT_DIR
+DEFAULT_KEEP_LAST = 2
+MAX_STEP = 10**12 - 1  # names hold 12 digits
+METADATA = ".metadata"  # what torch's distributed checkpoint writes last
+_NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
+_TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.tmp-[\w.-]+$")
+DAMAGED_SUFFIX = ".damaged"
+
+
+class CheckpointError(HpclaunchError):
+    """A checkpoint cannot be saved or loaded as asked; the message names what and
+    how to fix it."""
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """A committed checkpoint: ``path`` is a file (one writer) or a folder (sharded)."""
+
+    step: int
+    path: Path
+
+    @property
+    def sharded(self) -> bool:
+        return not self.path.name.endswith(".pt")
+
+
+def directory(folder: str | os.PathLike[str] | None = None) -> Path:
+    """``folder``, else ``$HPCLAUNCH_CHECKPOINT_DIR``; created if missing."""
+    if folder is None:
+        given = os.environ.get(ENV_VAR, "").strip()
+        if not given:
+            raise CheckpointError(
+                f"{ENV_VAR} is not set; run the script through hpclaunch sbatch (which sets it) "
+                "or pass folder=..."
+            )
+        folder = given
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the checkpoint folder {str(path)!r}: {exc}") from None
+    return path
+
+
+def check_step(step: int) -> int:
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"a checkpoint's step must be from 0 to {MAX_STEP}, not {step}")
+    return step
+
+
+def path_for(folder: Path, step: int, *, sharded: bool = False) -> Path:
+    """Where the checkpoint of ``step`` goes. Raises ValueError outside 0..MAX_STEP."""
+    name = f"step-{check_step(step):012d}"
+    return folder / (name if sharded else f"{name}.pt")
+
+
+def temp_for(final: Path, tag: str) -> Path:
+    """The name ``final`` is written under until it is committed; ``tag`` tells the
+    writers of one job's attempts apart."""
+    return final.with_name(f".{final.name}.tmp-{tag}")
+
+
+def complete(folder: str | os.PathLike[str]) -> list[Checkpoint]:
+    """The committed checkpoints in ``folder``, oldest first. A step saved in both
+    forms counts once, as its sharded form."""
+    found: dict[int, Checkpoint] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        match = _NAME.match(entry.name)
+        if not match:
+            continue
+        single = match.group(2) is not None
+        if single and entry.is_file():
+            found.setdefault(int(match.group(1)), Checkpoint(int(match.group(1)), Path(entry.path)))
+        elif not single and entry.is_dir() and os.path.isfile(os.path.join(entry.path, METADATA)):
+            found[int(match.group(1))] = Checkpoint(int(match.group(1)), Path(entry.path))
+    return sorted(found.values())
+
+
+def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:
+    """The newest committed checkpoint, or None."""
+    found = complete(directory(folder))
+    return found[-1] if found else None
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint or a temporary one, file or folder."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def prune(folder: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` committed checkpoints, and what writers
+    killed mid-write left; return what was deleted. Call it only from the job's one
+    committing process (global rank 0) with no save of its own in flight."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, not {keep_last}")
+    old = [item.path for item in complete(folder)[:-keep_last]]
+    old += [Path(e.path) for e in os.scandir(folder) if _TEMP.match(e.name)]
+    for path in old:
+        remove(path)
+    return old
+
+
+def set_aside(checkpoint: Checkpoint) -> Path:
+    """Rename a committed checkpoint that failed to load out of the committed set, so
+    that no later run picks it again; it stays for inspection. Returns its new path."""
+    target = checkpoint.path.with_name(checkpoint.path.name + DAMAGED_SUFFIX)
+    remove(target)
+    os.replace(checkpoint.path, target)
+    return target
+
+
+def size_of(path: Path) -> int:
+    """Bytes under ``path`` (a file or a folder)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,93 @@
+"""How long each checkpoint save took: global rank 0 appends one JSON line per
+committed save to the job folder's ``checkpoint-saves.jsonl``; ``hpclaunch status``
+and the supervisor read the last one, to show it and to warn when the time-limit
+warning leaves less time than a save needs. No torch."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    step: int
+    sharded: bool
+    asynchronous: bool
+    blocked_s: float  # how long training waited (staging, for an asynchronous save)
+    total_s: float  # from the call to the commit
+    bytes: int
+    ranks: int
+    ended: float  # seconds since the epoch
+
+    def describe(self) -> str:
+        """As ``hpclaunch status`` says it: ``step 42: 1.2 GiB sharded by 4 ranks,
+        asynchronous, blocked training 0.31 s, committed after 4.20 s``."""
+        form = f"sharded by {self.ranks} ranks" if self.sharded else "one file"
+        how = "asynchronous, " if self.asynchronous else ""
+        return (
+            f"step {self.step}: {_size(self.bytes)} {form}, {how}blocked training "
+            f"{self.blocked_s:.2f} s, committed after {self.total_s:.2f} s"
+        )
+
+
+def append(path: Path, record: SaveRecord) -> None:
+    """One line, appended in one write (O_APPEND): a reader sees whole lines."""
+    line = (json.dumps(asdict(record), sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def last(path: Path) -> SaveRecord | None:
+    """The newest readable record, or None (no file, or none readable)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return SaveRecord(**json.loads(line))
+        except (ValueError, TypeError):
+            continue
+    return None
+
+
+def slowest(path: Path, count: int = 5) -> SaveRecord | None:
+    """Of the newest ``count`` records, the one that took longest to commit."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-count:]
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        try:
+            found.append(SaveRecord(**json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return max(found, key=lambda r: r.total_s, default=None)
+
+
+def lead_warning(record: SaveRecord, lead_s: float) -> str | None:
+    """A warning when the time-limit warning's lead is shorter than ``record``'s save."""
+    if record.total_s < lead_s:
+        return None
+    return (
+        f"the last checkpoint save took {record.total_s:.1f} s, but the time-limit warning "
+        f"comes only {lead_s:g} s before the end: a save on the warning cannot finish; "
+        f"raise --signal-lead above {int(record.total_s * 1.5) + 30} s, or save less often "
+        "and asynchronously"
+    )
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
