@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.checkpoint import group, saving, store
+from hpclaunch.checkpoint import group, local, saving, store
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 
 _SHARDED_HELP = (
@@ -91,14 +91,15 @@ def _load(chosen: Checkpoint, into: Mapping[str, Any] | None, map_location: Any,
             f"{chosen.path} is a sharded checkpoint: pass the state to load it into, "
             f"load_latest(into=state); {_SHARDED_HELP}"
         )
-    return _load_sharded(chosen.path, dict(into))
+    return _load_sharded(chosen, dict(into))
 
 
-def _load_sharded(path: Path, into: dict[str, Any]) -> dict[str, Any]:
+def _load_sharded(chosen: Checkpoint, into: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+    path = chosen.path
     reader = FileSystemReader(path)
     saved = set(reader.read_metadata().state_dict_metadata)
     wanted = set(flatten_state_dict(into)[0])
@@ -109,8 +110,28 @@ def _load_sharded(path: Path, into: dict[str, Any]) -> dict[str, Any]:
             f"lacks, such as {', '.join(left_out[:3])}: they would not be restored; "
             f"{_SHARDED_HELP}"
         )
+    if local.available(chosen.step) and _from_local(into, chosen.step):
+        return into
     dcp_load(into, storage_reader=reader, process_group=group.get(), no_dist=not group.on())
     return into
+
+
+def _from_local(into: dict[str, Any], step: int) -> bool:
+    """Load every rank's node-local copy of ``step``; False (shared copy next) when
+    any rank cannot."""
+    error: BaseException | None = None
+    try:
+        local.load(into, step)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        error = exc
+        _say(f"node-local copy of step {step} unusable on rank {group.rank()}: {exc!r}")
+    if group.any_true(error is not None):
+        return False
+    if group.rank() == 0:
+        _say(f"step {step} read from the node-local copies")
+    return True
 
 
 def _set_aside(chosen: Checkpoint, error: BaseException | None) -> str:

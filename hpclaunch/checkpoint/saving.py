@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.checkpoint import group, store
+from hpclaunch.checkpoint import group, local, store
 from hpclaunch.checkpoint.state import find_sharded
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves
@@ -61,6 +61,7 @@ def save(
     keep_last: int = store.DEFAULT_KEEP_LAST,
     asynchronous: bool = False,
     sharded: bool | None = None,
+    local_copy: bool = False,
 ) -> Path:
     """Save ``state`` as the checkpoint of ``step``; returns the path it has once
     committed. Every rank calls it at the same step (it is a collective).
@@ -68,8 +69,10 @@ def save(
     ``sharded``: None picks the form from the state (sharded when it holds a
     DTensor); False refuses a DTensor, naming it. ``asynchronous``: return once the
     state is staged in host memory (see the module's text). Keeps the newest
-    ``keep_last`` committed checkpoints. Raises CheckpointError for a state or folder
-    it cannot save, and for a failed earlier asynchronous save."""
+    ``keep_last`` committed checkpoints. ``local_copy``: every rank also keeps its
+    shards in node memory for a fast in-place restart (``hpclaunch.checkpoint.local``).
+    Raises CheckpointError for a state or folder it cannot save, and for a failed
+    earlier asynchronous save."""
     global _pending
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, not {keep_last}")
@@ -77,14 +80,24 @@ def save(
     root = store.directory(folder)
     store.check_step(step)
     as_shards = _form(state, sharded)
+    if local_copy and not as_shards:
+        raise CheckpointError(
+            "save(local_copy=True) keeps each rank's shards of a sharded checkpoint; this "
+            "state holds no DTensor, so one writer saves it: drop local_copy, or pass "
+            "sharded=True to have every rank write"
+        )
+    keep_local = local.root() if local_copy else None  # raises before anything is written
     final = store.path_for(root, step, sharded=as_shards)
     started = time.monotonic()
     writer = _sharded_writer if as_shards else _single_writer
-    commit = writer(state, final, asynchronous)
+    data, commit = writer(state, final, asynchronous)
     blocked = time.monotonic() - started
 
     def job() -> Checkpoint | None:
-        return _finish(commit, final, step, keep_last, started, blocked, asynchronous)
+        done = _finish(commit, final, step, keep_last, started, blocked, asynchronous)
+        if keep_local is not None:
+            local.keep(data, step, keep_last)
+        return done
 
     if not asynchronous:
         job()
@@ -136,16 +149,17 @@ def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
     return bool(found) if sharded is None else sharded
 
 
-# The blocking part of a save: stage (asynchronous) and return the rest, which
-# writes and returns whether this process committed (global rank 0, or alone).
+# What a writer leaves for later: write this rank's part, and commit on rank 0.
 Commit = Callable[[], None]
 
 
-def _single_writer(state: Mapping[str, Any], final: Path, asynchronous: bool) -> Commit:
+def _single_writer(
+    state: Mapping[str, Any], final: Path, asynchronous: bool
+) -> tuple[dict[str, Any], Commit]:
     import torch
 
     if group.rank() != 0:
-        return lambda: None
+        return {}, lambda: None
     data = _stage(state) if asynchronous else dict(state)
 
     def write() -> None:
@@ -155,10 +169,12 @@ def _single_writer(state: Mapping[str, Any], final: Path, asynchronous: bool) ->
                 "overwritten); save each step once", final,
             )  # fmt: skip
 
-    return write
+    return data, write
 
 
-def _sharded_writer(state: Mapping[str, Any], final: Path, asynchronous: bool) -> Commit:
+def _sharded_writer(
+    state: Mapping[str, Any], final: Path, asynchronous: bool
+) -> tuple[dict[str, Any], Commit]:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -179,7 +195,7 @@ def _sharded_writer(state: Mapping[str, Any], final: Path, asynchronous: bool) -
             os.replace(temp, final)
             fsync_folder(final.parent)
 
-    return write
+    return data, write
 
 
 def _stage(state: Mapping[str, Any]) -> dict[str, Any]:

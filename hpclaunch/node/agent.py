@@ -27,6 +27,7 @@ from hpclaunch.node.options import (
     LaunchPlan,
     guarded,
     launched_as,
+    local_checkpoints,
     starts_warm,
     worker_command,
     worker_env,
@@ -118,6 +119,8 @@ def launch(
     finally:
         if zygote is not None:
             zygote.close()
+        # Node-local checkpoint copies serve in-place restarts only: gone with the agent.
+        shutil.rmtree(local_checkpoints(ctx), ignore_errors=True)
 
 
 def _fork_zygote() -> Zygote | None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,5 +324,20 @@ def worker_env(ctx: NodeContext, rdzv: str, attempt: int | None = None) -> dict[
     from hpclaunch.rendezvous import backends
 
     return build_worker_env(
-        ctx.job_id, ctx.restart_count, ctx.node_rank, attempt, backends.BACKENDS[rdzv].worker_env
+        ctx.job_id,
+        ctx.restart_count,
+        ctx.node_rank,
+        attempt,
+        backends.BACKENDS[rdzv].worker_env,
+        str(local_checkpoints(ctx)),
     )
+
+
+def local_checkpoints(ctx: NodeContext) -> Path:
+    """This node's folder for node-local checkpoint copies: in node memory (/dev/shm)
+    where there is one, else the temporary folder; one per job, run and node (the
+    sandbox's nodes share one machine). It lives as long as this node's agent, which
+    is what in-place restarts need; a requeued run starts without it."""
+    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    name = f"hpclaunch-{ctx.job_id}-{ctx.restart_count}-{ctx.hostname}"
+    return base / "".join(c if c.isalnum() or c in "._-" else "_" for c in name)

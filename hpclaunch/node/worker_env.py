@@ -18,6 +18,7 @@ NODE_RANK = "HPCLAUNCH_NODE_RANK"
 ATTEMPT = "HPCLAUNCH_ATTEMPT"
 JOB_DIR = "HPCLAUNCH_JOB_DIR"
 CHECKPOINT_DIR = "HPCLAUNCH_CHECKPOINT_DIR"
+LOCAL_CHECKPOINT_DIR = "HPCLAUNCH_LOCAL_CHECKPOINT_DIR"
 
 
 class SetBy(enum.Enum):
@@ -42,17 +43,24 @@ WORKER_VARS: tuple[WorkerVar, ...] = (
     WorkerVar(ATTEMPT, SetBy.AGENT, "the job-wide attempt (rendezvous round) of this run"),
     WorkerVar(JOB_DIR, SetBy.SCRIPT, "the job folder, LOG_DIR/JOBID"),
     WorkerVar(CHECKPOINT_DIR, SetBy.SCRIPT, "where hpclaunch.checkpoint saves"),
+    WorkerVar(
+        LOCAL_CHECKPOINT_DIR,
+        SetBy.AGENT,
+        "this node's folder for checkpoint.save(local_copy=True), in node memory "
+        "(/dev/shm); the agent removes it when it exits",
+    ),
 )
 
 
 def build(
     job_id: int, requeue_count: int, node_rank: int, attempt: int | None,
-    backend_vars: Mapping[str, str],
+    backend_vars: Mapping[str, str], local_checkpoints: str,
 ) -> dict[str, str]:  # fmt: skip
     """The agent's part of the worker environment (``SetBy.AGENT``), then what the
     rendezvous backend needs (``backend_vars``). ``attempt`` None: before any round
     (what ``hpclaunch agent --dry-run`` shows), so no ``HPCLAUNCH_ATTEMPT``."""
-    env = {JOB_ID: str(job_id), REQUEUE_COUNT: str(requeue_count), NODE_RANK: str(node_rank)}
+    env = {JOB_ID: str(job_id), REQUEUE_COUNT: str(requeue_count), NODE_RANK: str(node_rank),
+           LOCAL_CHECKPOINT_DIR: local_checkpoints}  # fmt: skip
     if attempt is not None:
         env[ATTEMPT] = str(attempt)
     return {**env, **backend_vars}

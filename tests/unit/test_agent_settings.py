@@ -117,11 +117,14 @@ def test_worker_command_and_env() -> None:
         ("--pdeathsig", "KILL", "--", "/bin/app", "a"),
     )
     env = worker_env(NodeContext.from_env(ENV), "c10d")
+    local = env.pop("HPCLAUNCH_LOCAL_CHECKPOINT_DIR")
     assert env == {
         "HPCLAUNCH_JOB_ID": "77",
         "HPCLAUNCH_REQUEUE_COUNT": "2",
         "HPCLAUNCH_NODE_RANK": "1",
     }
+    # One folder per job, run and node, in node memory where there is some.
+    assert Path(local).name == "hpclaunch-77-2-n2" and Path(local).parent.is_dir()
     static = worker_env(NodeContext.from_env(ENV), "static")
     assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
