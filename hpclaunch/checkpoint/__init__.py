@@ -46,6 +46,7 @@ from hpclaunch.checkpoint.loading import Loaded, load_latest
 from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, stop_received
 from hpclaunch.checkpoint.saving import in_flight, save, wait
 from hpclaunch.checkpoint.store import (
+    DAMAGED_SUFFIX,
     DEFAULT_KEEP_LAST,
     ENV_VAR,
     MAX_STEP,
@@ -60,6 +61,7 @@ from hpclaunch.checkpoint.store import (
 from hpclaunch.jobdir.atomic import write_atomic
 
 __all__ = [
+    "DAMAGED_SUFFIX",
     "DEFAULT_KEEP_LAST",
     "ENV_VAR",
     "MAX_STEP",

@@ -25,10 +25,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpclaunch.checkpoint import group, local, store
 from hpclaunch.checkpoint.state import find_sharded
@@ -36,6 +35,9 @@ from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves
 from hpclaunch.jobdir.atomic import fsync_folder, write_atomic
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
+
+if TYPE_CHECKING:  # the login node's `hpclaunch status` imports this package
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 log = logging.getLogger("hpclaunch.checkpoint")
 
@@ -255,6 +257,8 @@ def _note(record: saves.SaveRecord) -> None:
 
 def _background() -> ThreadPoolExecutor:
     global _executor
+    from concurrent.futures import ThreadPoolExecutor
+
     if _executor is None:
         _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpclaunch-checkpoint")
         atexit.register(_at_exit)
@@ -262,12 +266,14 @@ def _background() -> ThreadPoolExecutor:
 
 
 def _at_exit() -> None:
-    """A process that ends with a save in flight finishes it first, or says it is lost."""
-    step = in_flight()
-    if step is None:
+    """A process that ends with a save in flight finishes it first (concurrent.futures
+    joins its threads before ``atexit`` runs this), or says that it is lost."""
+    if _pending is None:
         return
-    log.warning("waiting for the asynchronous save of step %d before exiting", step)
     try:
-        wait()
+        done = wait()
     except CheckpointError as exc:
         log.error("%s", exc)
+    else:
+        if done is not None and group.rank() == 0:
+            log.info("the asynchronous save of step %d was committed at exit", done.step)

@@ -48,6 +48,8 @@ def render_status(status: JobStatus) -> str:
         lines.append(f"  last checkpoint: step {status.checkpoint_step} ({status.checkpoint_path})")
     elif status.checkpoint_dir:
         lines.append(f"  last checkpoint: none yet in {status.checkpoint_dir}")
+    if status.last_save:
+        lines.append(f"  last save:       {status.last_save}")
     for run in status.runs:
         nodes = compress(run.nodes) if run.nodes else "-"
         how = f"{run.reason} -> {run.action}" if run.reason else "running"

@@ -124,6 +124,13 @@ def _check_count(name: str, value: int, minimum: int) -> None:
         raise SpecError(name, f"{value} is below the minimum of {minimum}; give {minimum} or more")
 
 
+def agent_grace_for(signal_lead_s: float) -> int:
+    """How long each agent gives its workers after passing a signal on: three quarters
+    of the signal lead, so that a checkpoint written after the time-limit warning is
+    done before SLURM's limit."""
+    return max(1, int(signal_lead_s) * 3 // 4)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A complete, validated description of one hpclaunch job.
@@ -176,10 +183,8 @@ class JobSpec:
 
     @property
     def agent_grace_s(self) -> int:
-        """How long each agent gives its workers after passing a signal on: three
-        quarters of the signal lead, so that a checkpoint written after the time-limit
-        warning is done before SLURM's limit."""
-        return max(1, self.signal_lead_s * 3 // 4)
+        """How long each agent gives its workers after passing a signal on."""
+        return agent_grace_for(self.signal_lead_s)
 
     def __post_init__(self) -> None:
         for name in ("args", "setup", "launcher", "env"):

@@ -73,6 +73,7 @@ class History:
     max_requeues: int
     runs: list[Run] = field(default_factory=list)
     checkpoint_dir: str | None = None  # HPCLAUNCH_CHECKPOINT_DIR, for `hpclaunch status`
+    signal_lead_s: float | None = None  # the time-limit warning's lead, for save warnings
 
     @property
     def excluded_nodes(self) -> list[str]:
@@ -105,6 +106,8 @@ class History:
             data = json.loads(path.read_text())
             runs = [Run(**run) for run in data["runs"]]
             checkpoint_dir = data.get("checkpoint_dir")
+            lead = data.get("signal_lead_s")
+            signal_lead_s = None if lead is None else float(lead)
             budget = int(data["max_requeues"]) if max_requeues is None else max_requeues
         except FileNotFoundError:
             return cls(job_id, max_requeues or 0)
@@ -113,7 +116,7 @@ class History:
                 f"{path} is not a history hpclaunch wrote ({type(exc).__name__}: {exc}); "
                 "move it aside and requeue the job"
             ) from None
-        return cls(job_id, budget, runs, checkpoint_dir)
+        return cls(job_id, budget, runs, checkpoint_dir, signal_lead_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +125,7 @@ class History:
             "requeues": self.requeues,
             "excluded_nodes": self.excluded_nodes,
             "checkpoint_dir": self.checkpoint_dir,
+            "signal_lead_s": self.signal_lead_s,
             "runs": [asdict(run) for run in self.runs],
         }
 

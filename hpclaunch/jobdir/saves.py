@@ -6,9 +6,12 @@ warning leaves less time than a save needs. No torch."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from hpclaunch.job.spec import agent_grace_for
 
 
 @dataclass(frozen=True)
@@ -72,15 +75,19 @@ def slowest(path: Path, count: int = 5) -> SaveRecord | None:
     return max(found, key=lambda r: r.total_s, default=None)
 
 
-def lead_warning(record: SaveRecord, lead_s: float) -> str | None:
-    """A warning when the time-limit warning's lead is shorter than ``record``'s save."""
-    if record.total_s < lead_s:
+def lead_warning(record: SaveRecord, signal_lead_s: float) -> str | None:
+    """A warning when a save like ``record`` cannot finish between the time-limit
+    warning and the workers' end: the agents give them three quarters of the signal
+    lead (``hpclaunch.job.spec.agent_grace_for``)."""
+    budget = agent_grace_for(signal_lead_s)
+    if record.total_s < budget:
         return None
+    needed = math.ceil((record.total_s * 1.5 + 10) * 4 / 3)
     return (
-        f"the last checkpoint save took {record.total_s:.1f} s, but the time-limit warning "
-        f"comes only {lead_s:g} s before the end: a save on the warning cannot finish; "
-        f"raise --signal-lead above {int(record.total_s * 1.5) + 30} s, or save less often "
-        "and asynchronously"
+        f"the checkpoint save of step {record.step} took {record.total_s:.1f} s, but after "
+        f"the time-limit warning (--signal-lead {signal_lead_s:g} s) the workers get "
+        f"{budget} s: a save on the warning would not finish; raise --signal-lead to at "
+        f"least {needed} s, or make the save smaller"
     )
 
 

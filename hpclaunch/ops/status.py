@@ -17,7 +17,7 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures
+from hpclaunch.jobdir import failures, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import registry
@@ -86,6 +86,7 @@ class JobStatus:
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     checkpoint_dir: str | None = None
+    last_save: str | None = None  # the newest save's times (hpclaunch.jobdir.saves)
     root_cause: str | None = None  # the latest run's root-cause block, if it failed
     job_dir: str | None = None
     batch_log: str | None = None
@@ -259,7 +260,30 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
         complete = []
     if complete:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
+    _saves(folder, ckpt_dir, history, status)
     status.root_cause = root_cause(folder, status.runs)
+
+
+def _saves(folder: Path, ckpt_dir: Path, history: History | None, status: JobStatus) -> None:
+    """The newest save's times, a warning when saves outgrow the signal lead, and the
+    checkpoints set aside as damaged."""
+    record = saves.last(JobFolder(folder).saves)
+    if record is not None:
+        status.last_save = record.describe()
+    slowest = saves.slowest(JobFolder(folder).saves)
+    lead = history.signal_lead_s if history is not None else None
+    warning = saves.lead_warning(slowest, lead) if slowest and lead else None
+    if warning:
+        status.notes.append(warning)
+    try:
+        damaged = sorted(p.name for p in ckpt_dir.glob(f"step-*{checkpoint.DAMAGED_SUFFIX}"))
+    except OSError:
+        damaged = []
+    if damaged:
+        status.notes.append(
+            f"set aside as damaged (failed to load; the previous checkpoint was used): "
+            f"{', '.join(damaged)} in {ckpt_dir}"
+        )
 
 
 def root_cause(folder: Path, runs: Sequence[RunSummary] = ()) -> str | None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from hpclaunch.checkpoint import ENV_VAR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES, DEFAULT_SUPERVISOR_GRACE_S
-from hpclaunch.jobdir import failures
+from hpclaunch.jobdir import failures, saves
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import job_nodes
@@ -154,6 +154,7 @@ def supervise(
     Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
     with forwarding() as forwarder:
         run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues)
+        run.check_saves(signal_lead_s=grace_s)
         gave_up = run.before_step()
         if gave_up is not None:
             return gave_up
@@ -181,6 +182,17 @@ class Supervisor:
         self.run = self.history.start(env, self.requeue_count) if self.history else None
         self.finding: failures.Finding | None = None
         self._lost: tuple[str, ...] | None = None  # kept out after SLURM's requeue, once
+
+    def check_saves(self, signal_lead_s: float) -> None:
+        """Note the signal lead in the history, and warn when the earlier runs' saves
+        took longer than the workers get after the time-limit warning."""
+        if self.history is None or self.job_dir is None:
+            return
+        self.history.signal_lead_s = signal_lead_s
+        slowest = saves.slowest(JobFolder(self.job_dir).saves)
+        warning = saves.lead_warning(slowest, signal_lead_s) if slowest else None
+        if warning:
+            log.warning("supervisor: %s", warning)
 
     def before_step(self) -> int | None:
         """The exit status when the requeue budget is already spent, else None (the

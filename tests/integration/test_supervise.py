@@ -92,3 +92,28 @@ def test_missing_step_command(tmp_path: Path, hpclaunch_bin: Path) -> None:
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 3
     assert "'no-such-srun-here' is not on PATH" in err
+
+
+def test_a_save_longer_than_the_signal_lead_allows_is_warned_of(
+    tmp_path: Path, hpclaunch_bin: Path
+) -> None:
+    """An earlier run's save took 40 s; with --grace-period (the signal lead) 30 the
+    workers get 22 s after the warning: the supervisor says so before the step, and
+    records the lead for `hpclaunch status`."""
+    job = tmp_path / "job"
+    job.mkdir()
+    record = {"step": 99, "sharded": True, "asynchronous": False, "blocked_s": 40.0,
+              "total_s": 40.0, "bytes": 1, "ranks": 4, "ended": 1.0}  # fmt: skip
+    (job / "checkpoint-saves.jsonl").write_text(json.dumps(record) + "\n")
+    env = base_env(SLURM_JOB_ID="7", SLURM_RESTART_COUNT="0")
+    done = subprocess.run(
+        [str(hpclaunch_bin), "supervise", "--max-requeues", "1", "--grace-period", "30",
+         "--job-dir", str(job), "--", sys.executable, "-c", "pass"],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        "supervisor: the checkpoint save of step 99 took 40.0 s, but after the time-limit "
+        "warning (--signal-lead 30 s) the workers get 22 s"
+    ) in done.stderr
+    assert json.loads((job / "history.json").read_text())["signal_lead_s"] == 30

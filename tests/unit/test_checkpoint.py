@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import checkpoint
-from hpclaunch.checkpoint import Checkpoint, CheckpointError
+from hpclaunch.checkpoint import Checkpoint, CheckpointError, group, store
+from hpclaunch.checkpoint.state import find_sharded
+from hpclaunch.jobdir import saves
 
 
 def test_directory_comes_from_the_environment(
@@ -77,3 +79,100 @@ def test_preemption_flag_is_set_by_the_signal_only() -> None:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def _sharded(folder: Path, step: int, *, metadata: bool = True) -> Path:
+    """A committed sharded checkpoint's folder, as torch's distributed checkpoint leaves it."""
+    path = checkpoint.path_for(folder, step, sharded=True)
+    path.mkdir()
+    (path / "__0_0.distcp").write_bytes(b"shard")
+    if metadata:
+        (path / ".metadata").write_bytes(b"meta")
+    return path
+
+
+def test_both_forms_count_and_only_committed_ones(tmp_path: Path) -> None:
+    checkpoint.path_for(tmp_path, 3).write_text("one file")
+    sharded = _sharded(tmp_path, 7)
+    _sharded(tmp_path, 9, metadata=False)  # DCP never finished: not committed
+    temp = tmp_path / ".step-000000000011.tmp-77-0-1"  # a save in flight, or killed
+    temp.mkdir()
+    (tmp_path / "step-000000000005.damaged").mkdir()  # set aside: never again
+    found = checkpoint.complete(tmp_path)
+    assert [(c.step, c.sharded) for c in found] == [(3, False), (7, True)]
+    assert checkpoint.latest(tmp_path) == Checkpoint(7, sharded)
+    # A step saved in both forms counts once, as its sharded form.
+    checkpoint.path_for(tmp_path, 7).write_text("one file")
+    assert [c.path for c in checkpoint.complete(tmp_path)][-1] == sharded
+
+
+def test_prune_removes_old_sharded_folders_and_dead_writers_folders(tmp_path: Path) -> None:
+    for step in range(4):
+        _sharded(tmp_path, step)
+    dead = tmp_path / ".step-000000000004.tmp-77-0-0"
+    dead.mkdir()
+    (dead / "__1_0.distcp").write_bytes(b"half")
+    removed = checkpoint.prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-000000000002",
+        "step-000000000003",
+    ]
+    assert dead in removed and len(removed) == 3
+
+
+def test_a_damaged_checkpoint_is_set_aside_out_of_the_committed_set(tmp_path: Path) -> None:
+    one = checkpoint.path_for(tmp_path, 4)
+    one.write_text("truncated")
+    shards = _sharded(tmp_path, 8)
+    for found in reversed(checkpoint.complete(tmp_path)):
+        store.set_aside(found)
+    assert checkpoint.complete(tmp_path) == []
+    assert (tmp_path / "step-000000000004.pt.damaged").read_text() == "truncated"
+    assert (tmp_path / "step-000000000008.damaged" / ".metadata").exists()
+    assert not one.exists() and not shards.exists()
+    assert checkpoint.prune(tmp_path, keep_last=1) == []  # kept for inspection
+
+
+def test_the_temporary_name_holds_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPCLAUNCH_JOB_ID", "77")
+    monkeypatch.setenv("HPCLAUNCH_REQUEUE_COUNT", "1")
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "2")
+    final = Path("/c/step-000000000042")
+    assert store.temp_for(final, group.attempt_tag()) == Path("/c/.step-000000000042.tmp-77-1-2")
+    monkeypatch.delenv("HPCLAUNCH_JOB_ID")
+    monkeypatch.delenv("HPCLAUNCH_ATTEMPT")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run/x")  # torchrun's, made safe for a name
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    assert group.attempt_tag() == "run_x-1-3"
+
+
+def test_no_sharded_tensor_is_found_before_torch_defines_one() -> None:
+    state = {"model": {"w": [1.0, 2.0]}, "step": 3, "nested": [{"a": (1, 2)}]}
+    assert find_sharded(state) is None
+
+
+def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint-saves.jsonl"
+    assert saves.last(path) is None
+    for step, total in ((10, 4.0), (20, 9.5), (30, 2.0)):
+        saves.append(path, saves.SaveRecord(
+            step=step, sharded=True, asynchronous=True, blocked_s=0.25, total_s=total,
+            bytes=3 * 1024**3 // 2, ranks=4, ended=1.0))  # fmt: skip
+    with open(path, "a") as handle:
+        handle.write('{"step": 40, "torn')  # a torn last line is skipped
+    last = saves.last(path)
+    assert last is not None and last.step == 30
+    assert last.describe() == (
+        "step 30: 1.5 GiB sharded by 4 ranks, asynchronous, blocked training 0.25 s, "
+        "committed after 2.00 s"
+    )
+    slowest = saves.slowest(path)
+    assert slowest is not None and slowest.step == 20
+    assert saves.lead_warning(slowest, signal_lead_s=120) is None
+    # The workers get three quarters of the lead: 7 s of 10, less than the 9.5 s it took.
+    warning = saves.lead_warning(slowest, signal_lead_s=10)
+    assert warning == (
+        "the checkpoint save of step 20 took 9.5 s, but after the time-limit warning "
+        "(--signal-lead 10 s) the workers get 7 s: a save on the warning would not finish; "
+        "raise --signal-lead to at least 33 s, or make the save smaller"
+    )

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hpclaunch.cli import CliContext, main
+from hpclaunch.jobdir import saves
 from hpclaunch.jobdir.history import Action, History, Reason, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.ops import registry
@@ -217,6 +218,34 @@ def test_status_command_human_and_json(tmp_path: Path, env: dict[str, str]) -> N
     assert data["excluded"] == [{"node": "n2", "reason": "bad nodes: RuntimeError: CUDA error"}]
     bad = cli(tmp_path, env, fake, "status", "12x")
     assert bad.exit_code == 2 and "'12x' is not a job id" in bad.stderr
+
+
+def test_status_shows_the_last_save_its_lead_warning_and_damaged_ones(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    folder = job_folder(tmp_path)
+    history = History.load(folder, JOB)
+    history.signal_lead_s = 20  # the workers get 15 s after the warning
+    history.save(folder)
+    for step, total in ((5, 18.0), (10, 3.5)):
+        saves.append(JobFolder(folder).saves, saves.SaveRecord(
+            step=step, sharded=True, asynchronous=True, blocked_s=0.5, total_s=total,
+            bytes=2 * 1024**3, ranks=8, ended=1100.0))  # fmt: skip
+    (folder / "ckpt" / "step-000000000007.damaged").mkdir()
+    fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", JobName="train")})
+    human = cli(tmp_path, env, fake, "status", "--job-dir", str(folder), str(JOB))
+    assert human.exit_code == 0, human.output
+    assert (
+        "  last save:       step 10: 2.0 GiB sharded by 8 ranks, asynchronous, blocked "
+        "training 0.50 s, committed after 3.50 s\n"
+    ) in human.stdout
+    assert "note: the checkpoint save of step 5 took 18.0 s, but after the time-limit " in (
+        human.stdout
+    )
+    assert (
+        "note: set aside as damaged (failed to load; the previous checkpoint was used): "
+        f"step-000000000007.damaged in {folder / 'ckpt'}"
+    ) in human.stdout
 
 
 def test_an_unknown_job_is_an_error_naming_the_fix(tmp_path: Path, env: dict[str, str]) -> None:

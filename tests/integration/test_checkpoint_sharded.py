@@ -1,0 +1,258 @@
+"""hpclaunch.checkpoint's sharded form with real torch: FSDP2 on gloo, ranks started
+by torchrun on this machine. Saved by 4 ranks, loaded by 3 and 2 with every tensor
+equal; node-local copies used only when every rank has one; damaged checkpoints set
+aside; what cannot be saved or restored exactly refused by name. The SLURM side
+(requeues, lost nodes, a kill in the middle of a save) is test_sharded_checkpoint.py's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import VENV_BIN, base_env
+
+pytestmark = pytest.mark.integration
+
+# Trains an FSDP2 model with uneven shards (37 rows over 2, 3 or 4 ranks) for MODE:
+#   save N   : N steps, an asynchronous save after each (local copies too), then the
+#              full tensors of the last state into expected.pt
+#   load     : load_latest(into=...) and the full tensors into loaded.pt
+DRIVER = """
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from hpclaunch import checkpoint
+
+mode, folder, out = sys.argv[1], sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (world,))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 37), torch.nn.Tanh(), torch.nn.Linear(37, 5))
+for layer in (model[0], model[2], model):
+    fully_shard(layer, mesh=mesh)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+def full(state):
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in full(value).items()})
+        elif isinstance(value, torch.Tensor):
+            out[key] = (value.full_tensor() if hasattr(value, "full_tensor") else value).clone()
+    return out
+
+def everything():
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+if mode == "save":
+    for step in range(int(sys.argv[4])):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 10 + rank))
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        state = everything()
+        state["meta"] = {"step": step, "world": world}
+        checkpoint.save(state, step, folder=folder, asynchronous=True, local_copy=True)
+    checkpoint.wait()
+    expected = full(everything())
+    if rank == 0:
+        torch.save(expected, os.path.join(out, "expected.pt"))
+else:
+    state = everything()
+    state["meta"] = {"step": -1, "world": -1}
+    loaded = checkpoint.load_latest(folder, into=state)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    got = full(everything())
+    if rank == 0:
+        torch.save(got, os.path.join(out, "loaded.pt"))
+        print("LOADED " + json.dumps({"step": loaded.step, "meta": state["meta"]}))
+dist.barrier()
+dist.destroy_process_group()
+# As examples/train.py's end(): gloo's C++ teardown at exit sometimes aborts (SIGABRT,
+# "terminate called without an active exception") after the work is done.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = base_env(
+        PYTHONWARNINGS="ignore::UserWarning", OMP_NUM_THREADS="1",
+        HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(tmp_path / "node-local"),
+    )  # fmt: skip
+    done = subprocess.run(
+        [str(VENV_BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", str(driver),
+         *args],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def loaded_line(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("LOADED ")]
+    return dict(json.loads(line.removeprefix("LOADED ")))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three asynchronous saves by 4 ranks: steps 1 and 2 kept (keep_last=2)."""
+    root = tmp_path_factory.mktemp("saved")
+    torchrun(root, 4, "save", str(root / "ckpt"), str(root), "3")
+    return root
+
+
+def _equal(root: Path, out: Path) -> None:
+    import torch
+
+    expected = torch.load(root / "expected.pt")
+    loaded = torch.load(out / "loaded.pt")
+    assert sorted(expected) == sorted(loaded) and len(expected) > 6  # model and Adam's state
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, loaded[key]), key
+
+
+def test_four_ranks_save_committed_folders_only(saved: Path) -> None:
+    names = sorted(p.name for p in (saved / "ckpt").iterdir())
+    assert names == ["step-000000000001", "step-000000000002"]
+    files = sorted(p.name for p in (saved / "ckpt" / "step-000000000002").iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+
+
+@pytest.mark.parametrize("ranks", [4, 3, 2])
+def test_saved_on_four_loads_on_any_number_of_ranks_exactly(
+    saved: Path, tmp_path: Path, ranks: int
+) -> None:
+    done = torchrun(tmp_path, ranks, "load", str(saved / "ckpt"), str(tmp_path))
+    assert loaded_line(done) == {"step": 2, "meta": {"step": 2, "world": 4}}
+    _equal(saved, tmp_path)
+
+
+def test_node_local_copies_serve_the_same_ranks_only(saved: Path, tmp_path: Path) -> None:
+    local = saved / "node-local"
+    assert sorted(p.name for p in local.iterdir()) == [f"rank-{r}-of-4" for r in range(4)]
+    (tmp_path / "node-local").symlink_to(local)
+    same = torchrun(tmp_path, 4, "load", str(saved / "ckpt"), str(tmp_path))
+    assert "hpclaunch checkpoint: step 2 read from the node-local copies" in same.stderr
+    _equal(saved, tmp_path)
+    fewer = torchrun(tmp_path, 2, "load", str(saved / "ckpt"), str(tmp_path))
+    assert "node-local" not in fewer.stderr  # 2 ranks: no copies of theirs; the shared one
+    _equal(saved, tmp_path)
+
+
+# One process, one rank (FSDP2 still gives DTensors): what is refused, and damage.
+# Prints one JSON object of what each case did.
+CHECKS = """
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from hpclaunch import checkpoint
+
+folder = sys.argv[1]
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                        world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(2, 4)).sum().backward()
+optimizer.step()
+out = {}
+
+def refused(key, call):
+    try:
+        call()
+    except checkpoint.CheckpointError as exc:
+        out[key] = str(exc)
+    else:
+        out[key] = None
+
+def state():
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+refused("one_file", lambda: checkpoint.save(state(), 0, folder=folder, sharded=False))
+refused("local_one_file", lambda: checkpoint.save({"x": torch.ones(1)}, 0, folder=folder,
+                                                  local_copy=True))
+refused("local_no_agent", lambda: checkpoint.save(state(), 0, folder=folder, local_copy=True))
+for step in (0, 1, 2):
+    checkpoint.save(state(), step, folder=folder, keep_last=3)
+refused("no_into", lambda: checkpoint.load_latest(folder))
+refused("short_into", lambda: checkpoint.load_latest(folder, into={"model": state()["model"]}))
+checkpoint.save({**state(), "f": lambda: 0}, 5, folder=folder, asynchronous=True)
+refused("async_failed", checkpoint.wait)
+out["after_failure"] = [c.step for c in checkpoint.complete(folder)]
+shard = os.path.join(folder, "step-000000000002", "__0_0.distcp")
+os.truncate(shard, os.path.getsize(shard) // 2)
+out["loaded"] = checkpoint.load_latest(folder, into=state()).step
+for step in (0, 1):
+    os.truncate(os.path.join(folder, f"step-{step:012d}", ".metadata"), 10)
+refused("all_damaged", lambda: checkpoint.load_latest(folder, into=state()))
+out["names"] = sorted(os.listdir(folder))
+single = folder + "-one-file"  # the replicated form: a truncated file is set aside too
+for step in (0, 1):
+    checkpoint.save({"x": torch.full((1000,), float(step))}, step, folder=single)
+os.truncate(os.path.join(single, "step-000000000001.pt"), 100)
+resumed = checkpoint.load_latest(single)
+out["one_file_loaded"] = [resumed.step, resumed.state["x"][0].item()]
+# 256 MB more: its write is still going on when the script ends, without wait().
+checkpoint.save({**state(), "big": torch.ones(64 * 2**20)}, 7, folder=folder,
+                asynchronous=True)
+out["in_flight"] = checkpoint.in_flight()
+print(json.dumps(out))
+"""
+
+
+def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a free port on loopback for the one-rank group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tmp_path / "ckpt"
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKS, str(folder), str(port)],
+        env=base_env(PYTHONWARNINGS="ignore::UserWarning"), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["one_file"].startswith(
+        "checkpoint.save(sharded=False) cannot save 'model.0.weight': it is a DTensor"
+    )
+    assert out["local_one_file"].startswith("save(local_copy=True) keeps each rank's shards")
+    assert "needs HPCLAUNCH_LOCAL_CHECKPOINT_DIR" in out["local_no_agent"]
+    assert out["no_into"].startswith(f"{folder / 'step-000000000002'} is a sharded checkpoint:")
+    assert (
+        "entries the state given to load_latest(into=...) lacks, such as optimizer."
+        in (out["short_into"])
+    )
+    assert out["async_failed"].startswith("the asynchronous save of step 5 (")
+    assert out["after_failure"] == [0, 1, 2]  # the failed save never became visible
+    assert out["loaded"] == 1  # step 2 truncated: set aside, step 1 loaded
+    assert out["one_file_loaded"] == [0, 0.0]
+    assert (tmp_path / "ckpt-one-file" / "step-000000000001.pt.damaged").exists()
+    assert out["all_damaged"].startswith(f"no checkpoint in {folder} can be loaded: step 1 (")
+    assert "cannot be loaded on rank 0" in done.stderr and ".damaged" in done.stderr
+    assert out["names"] == [
+        ".step-000000000005.tmp-local-0-0",  # the failed save's, pruned by the next save
+        "step-000000000000.damaged",
+        "step-000000000001.damaged",
+        "step-000000000002.damaged",
+    ]
+    # The save in flight when the script ended was finished before the process exited.
+    assert out["in_flight"] == 7
+    assert [c.name for c in folder.iterdir() if not c.name.endswith(".damaged")] == [
+        "step-000000000007"
+    ]
