@@ -1,6 +1,6 @@
 """Checkpoints that survive being killed, and the preemption flag a training loop polls.
 
-A training script needs four calls. Sharded state (FSDP2, tensor parallel: any
+A training script needs a few calls. Sharded state (FSDP2, tensor parallel: any
 DTensor) is written by every rank and resharded on load::
 
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
