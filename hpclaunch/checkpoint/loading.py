@@ -91,7 +91,9 @@ def _load(chosen: Checkpoint, into: Mapping[str, Any] | None, map_location: Any,
             f"{chosen.path} is a sharded checkpoint: pass the state to load it into, "
             f"load_latest(into=state); {_SHARDED_HELP}"
         )
-    return _load_sharded(chosen, dict(into))
+    # DCP replaces the top level's non-tensor values in the dict it is given: give it
+    # the caller's own, so that ``into`` holds what was loaded, as documented.
+    return _load_sharded(chosen, into if isinstance(into, dict) else dict(into))
 
 
 def _load_sharded(chosen: Checkpoint, into: dict[str, Any]) -> dict[str, Any]:

@@ -79,6 +79,9 @@ def save(
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, not {keep_last}")
     wait()
+    # Made here, in the training's thread: process groups must be made in the same
+    # order on every rank, which a background thread cannot promise.
+    group.get()
     root = store.directory(folder)
     store.check_step(step)
     as_shards = _form(state, sharded)
