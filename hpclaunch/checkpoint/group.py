@@ -1,84 +1,92 @@
 """The ranks' agreement on checkpoints: a gloo process group of the checkpoint's
-own, made on first use by every rank (it is a collective, as ``save`` and
-``load_latest`` are), so that a background save's collectives never interleave
-with the training's, and so that agreeing costs no device memory under NCCL.
-Without an initialised process group a process is alone: rank 0 of 1.
+own, made on first use by every rank in the training's thread (process groups must
+be made in the same order on every rank; ``save`` and ``load_latest`` are
+collectives), so that a background save's collectives never interleave with the
+training's, and so that agreeing costs no device memory under NCCL. Without an
+initialised process group a process is alone: rank 0 of 1.
+
+``Ranks.now()`` is taken in the training's thread; a background save uses that
+snapshot, and refuses to go on when the process group was destroyed meanwhile.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from hpclaunch.checkpoint.store import CheckpointError
 from hpclaunch.node import worker_env
 
-_group: Any = None
-_default: Any = None  # the default group _group was made for
+_made: dict[int, Any] = {}  # id of the default group -> the checkpoint's group for it
 
 
-def on() -> bool:
-    """Whether this process is one rank of an initialised process group."""
-    import torch.distributed as dist
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job, and the checkpoint's group (None: alone)."""
 
-    return dist.is_available() and dist.is_initialized()
+    rank: int
+    world: int
+    pg: Any
+
+    @classmethod
+    def now(cls) -> Ranks:
+        """Call in the training's thread: may make the group (a collective)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls(0, 1, None)
+        from torch.distributed.distributed_c10d import _get_default_group
+
+        key = id(_get_default_group())
+        if key not in _made:  # a new default group (the script made one again)
+            _made.clear()
+            _made[key] = dist.new_group(backend="gloo")
+        return cls(dist.get_rank(), dist.get_world_size(), _made[key])
+
+    @property
+    def alone(self) -> bool:
+        return self.pg is None
+
+    def check_alive(self, what: str) -> None:
+        """Raise when the process group this snapshot was taken in is gone."""
+        import torch.distributed as dist
+
+        if not self.alone and not dist.is_initialized():
+            raise CheckpointError(
+                f"the process group was destroyed while {what} was in flight; call "
+                "checkpoint.wait() before dist.destroy_process_group()"
+            )
+
+    def first_true(self, flag: bool) -> int | None:
+        """The lowest rank whose ``flag`` is true, or None (every rank calls it)."""
+        if self.alone:
+            return 0 if flag else None
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([self.rank if flag else self.world], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.pg)
+        found = int(value.item())
+        return None if found >= self.world else found
+
+    def from_rank0(self, value: int) -> int:
+        """Rank 0's ``value``, on every rank."""
+        if self.alone:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        box = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(box, src=0, group=self.pg)
+        return int(box.item())
 
 
-def rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if on() else 0
-
-
-def world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if on() else 1
-
-
-def get() -> Any:
-    """The checkpoint's gloo group (None when alone). Made again when the script made
-    a new default group (after destroying the old one)."""
-    global _group, _default
-    if not on():
-        return None
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _get_default_group
-
-    default = _get_default_group()
-    if _group is None or _default is not default:
-        _group, _default = dist.new_group(backend="gloo"), default
-    return _group
-
-
-def any_true(flag: bool) -> bool:
-    """Whether ``flag`` is true on any rank (every rank calls it)."""
-    if not on():
-        return flag
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([1 if flag else 0], dtype=torch.int64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=get())
-    return bool(value.item())
-
-
-def from_rank0(value: int) -> int:
-    """Rank 0's ``value``, on every rank."""
-    if not on():
-        return value
-    import torch
-    import torch.distributed as dist
-
-    box = torch.tensor([value], dtype=torch.int64)
-    dist.broadcast(box, src=0, group=get())
-    return int(box.item())
-
-
-def attempt_tag() -> str:
+def attempt_tag(env: Mapping[str, str] = os.environ) -> str:
     """The same on every rank of one attempt, different for the next: names a save's
     temporary folder, so that a killed attempt's leftovers are never mistaken for
     this one's."""
-    env = os.environ
     parts = (
         env.get(worker_env.JOB_ID) or env.get("TORCHELASTIC_RUN_ID") or "local",
         env.get(worker_env.REQUEUE_COUNT) or "0",

@@ -1,20 +1,23 @@
 """``load_latest``: the newest committed checkpoint every rank can load, in either
 form. A committed checkpoint that fails to load (truncated, bit rot, wrong shapes)
-is named on stderr, renamed ``step-N.damaged`` out of the committed set, and the
-previous one is tried: a job never loops on a bad checkpoint, and never quietly
-starts from step 0 while committed checkpoints exist.
+is named on stderr and the previous one is tried; once an older one loads, the ones
+that failed are renamed ``step-N.damaged`` out of the committed set, so a job never
+loops on a bad checkpoint. When none loads, nothing is renamed and the error names
+each failure: a job never quietly starts from step 0 while checkpoints exist.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.checkpoint import group, local, saving, store
+from hpclaunch.checkpoint import local, saving, store
+from hpclaunch.checkpoint.group import Ranks
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 
 _SHARDED_HELP = (
@@ -51,37 +54,66 @@ def load_latest(
     A sharded checkpoint loads into ``into``, in place, resharded to this job's ranks
     (so ``into`` is required for it: the state as the training built it, with the
     same keys as the saved one). A one-file checkpoint is returned as saved
-    (``into`` is not needed). Raises CheckpointError when the folder is unusable,
-    ``into`` does not fit, or committed checkpoints exist and none of them loads."""
+    (``into`` is not needed). A checkpoint that fails to load is set aside once an
+    older one has loaded (which shows that the loading itself works); when none
+    loads, nothing is renamed and CheckpointError names each failure. Raises
+    CheckpointError too when the folder is unusable or ``into`` does not fit."""
     saving.wait()
+    ranks = Ranks.now()
     root = store.directory(folder)
-    damaged: list[str] = []
+    failed: list[tuple[Checkpoint, str]] = []  # newer than the one being tried
     while True:
-        found = store.complete(root) if group.rank() == 0 else []
-        step = group.from_rank0(found[-1].step if found else -1)
+        below = failed[-1][0].step if failed else None
+        found = _committed(root, below) if ranks.rank == 0 else []
+        step = ranks.from_rank0(found[-1].step if found else -1)
         if step < 0:
-            if damaged:
-                raise CheckpointError(
-                    f"no checkpoint in {root} can be loaded: {'; '.join(damaged)}; each was "
-                    "renamed step-N.damaged (rename one back to try it again)"
-                )
+            _refuse_none_left(root, failed)
             return None
-        sharded = bool(group.from_rank0(int(found[-1].sharded) if found else 0))
+        sharded = bool(ranks.from_rank0(int(found[-1].sharded) if found else 0))
         chosen = Checkpoint(step, store.path_for(root, step, sharded=sharded))
         error: BaseException | None = None
         try:
-            state = _load(chosen, into, map_location, weights_only)
+            state = _load(chosen, into, map_location, weights_only, ranks)
         except (_Unusable, KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as exc:  # damaged (DCP's CheckpointException is a BaseException)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
             error = exc
-        if not group.any_true(error is not None):
+        failed_on = ranks.first_true(error is not None)
+        if failed_on is None:
+            _set_aside(failed, chosen, ranks)
             return Loaded(step, state, chosen.path)
-        damaged.append(_set_aside(chosen, error))
+        if error is not None:
+            _say(f"{chosen.path} cannot be loaded on rank {ranks.rank} ({_reason(error)})")
+        why = _reason(error) if error is not None else f"see rank {failed_on}'s log"
+        failed.append((chosen, f"rank {failed_on}: {why}"))
+
+
+def _committed(root: Path, below: int | None) -> list[Checkpoint]:
+    return [c for c in store.complete(root) if below is None or c.step < below]
+
+
+def _refuse_none_left(root: Path, failed: list[tuple[Checkpoint, str]]) -> None:
+    """No committed checkpoint (left to try) is a fresh start, unless one failed or an
+    earlier run set some aside: then starting from step 0 would lose work without a
+    word, so this raises."""
+    if failed:
+        tried = "; ".join(f"{c.path.name} ({why})" for c, why in failed)
+        raise CheckpointError(
+            f"no checkpoint in {root} can be loaded: {tried}. Nothing was renamed, since "
+            "none loads: when the script changed (the state given to into=, weights_only), "
+            "fix it; when they are damaged, move them out of the folder"
+        )
+    aside = sorted(p.name for p in root.glob(f"step-*{store.DAMAGED_SUFFIX}"))
+    if aside:
+        raise CheckpointError(
+            f"{root} holds no committed checkpoint, only ones set aside as damaged: "
+            f"{', '.join(aside)}; rename one back (without {store.DAMAGED_SUFFIX}) to "
+            "resume from it, or move them away to start from step 0"
+        )
 
 
 def _load(chosen: Checkpoint, into: Mapping[str, Any] | None, map_location: Any,
-          weights_only: bool) -> Any:  # fmt: skip
+          weights_only: bool, ranks: Ranks) -> Any:  # fmt: skip
     import torch
 
     if not chosen.sharded:
@@ -93,69 +125,94 @@ def _load(chosen: Checkpoint, into: Mapping[str, Any] | None, map_location: Any,
         )
     # DCP replaces the top level's non-tensor values in the dict it is given: give it
     # the caller's own, so that ``into`` holds what was loaded, as documented.
-    return _load_sharded(chosen, into if isinstance(into, dict) else dict(into))
+    return _load_sharded(chosen, into if isinstance(into, dict) else dict(into), ranks)
 
 
-def _load_sharded(chosen: Checkpoint, into: dict[str, Any]) -> dict[str, Any]:
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+def _load_sharded(chosen: Checkpoint, into: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    path = chosen.path
-    reader = FileSystemReader(path)
-    saved = set(reader.read_metadata().state_dict_metadata)
-    wanted = set(flatten_state_dict(into)[0])
-    left_out = sorted(saved - wanted)
+    reader = FileSystemReader(chosen.path)
+    left_out = _left_out(reader, into, ranks)
     if left_out:
         raise _Unusable(
-            f"{path} holds {len(left_out)} entries the state given to load_latest(into=...) "
-            f"lacks, such as {', '.join(left_out[:3])}: they would not be restored; "
-            f"{_SHARDED_HELP}"
+            f"{chosen.path} holds {len(left_out)} entries the state given to "
+            f"load_latest(into=...) lacks, such as {', '.join(left_out[:3])}: they would not "
+            f"be restored; {_SHARDED_HELP}"
         )
-    if local.available(chosen.step) and _from_local(into, chosen.step):
+    if local.available(chosen.step, ranks) and _from_local(into, chosen.step, ranks):
         return into
-    dcp_load(into, storage_reader=reader, process_group=group.get(), no_dist=not group.on())
+    dcp_load(into, storage_reader=reader, process_group=ranks.pg, no_dist=ranks.alone)
     return into
 
 
-def _from_local(into: dict[str, Any], step: int) -> bool:
-    """Load every rank's node-local copy of ``step``; False (shared copy next) when
-    any rank cannot."""
+def _left_out(reader: Any, into: dict[str, Any], ranks: Ranks) -> list[str]:
+    """The saved entries ``into`` has no place for. Every rank reads the metadata
+    itself; they agree whether it could be read before any further collective."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
     error: BaseException | None = None
+    left_out: list[str] = []
     try:
-        local.load(into, step)
+        saved = set(reader.read_metadata().state_dict_metadata)
+        left_out = sorted(saved - set(flatten_state_dict(into)[0]))
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
         error = exc
-        _say(f"node-local copy of step {step} unusable on rank {group.rank()}: {exc!r}")
-    if group.any_true(error is not None):
+    failed_on = ranks.first_true(error is not None)
+    if error is not None:
+        raise error
+    if failed_on is not None:
+        raise CheckpointError(f"its metadata could not be read on rank {failed_on}")
+    return left_out
+
+
+def _from_local(into: dict[str, Any], step: int, ranks: Ranks) -> bool:
+    """Load every rank's node-local copy of ``step``; False (shared copy next) when
+    any rank cannot."""
+    error: BaseException | None = None
+    try:
+        local.load(into, step, ranks)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        error = exc
+        _say(f"node-local copy of step {step} unusable on rank {ranks.rank}: {_reason(exc)}")
+    if ranks.first_true(error is not None) is not None:
         return False
-    if group.rank() == 0:
+    if ranks.rank == 0:
         _say(f"step {step} read from the node-local copies")
     return True
 
 
-def _set_aside(chosen: Checkpoint, error: BaseException | None) -> str:
-    """Every rank: say why this rank could not load it; rank 0 renames it."""
-    why = f"{type(error).__name__}: {_first_line(error)}" if error else "failed on another rank"
-    _say(f"{chosen.path} cannot be loaded on rank {group.rank()} ({why})")
-    if group.rank() == 0:
+def _set_aside(failed: list[tuple[Checkpoint, str]], loaded: Checkpoint, ranks: Ranks) -> None:
+    """An older checkpoint loaded, so the newer ones that failed are damaged: rank 0
+    renames them out of the committed set, so that no later run tries them again."""
+    if ranks.rank != 0:
+        return
+    for damaged, why in failed:
         try:
-            target = store.set_aside(chosen)
+            target = store.set_aside(damaged)
         except OSError as exc:
-            raise CheckpointError(
-                f"{chosen.path} cannot be loaded ({why}), and renaming it aside failed: {exc}; "
-                "move it out of the checkpoint folder by hand"
-            ) from exc
-        _say(f"set aside as {target}; trying the previous checkpoint")
-    group.any_true(False)  # every rank waits for the rename before listing again
-    return f"step {chosen.step} ({why})"
+            _say(f"{damaged.path} failed to load ({why}) and could not be renamed: {exc}")
+            continue
+        _say(f"{damaged.path} failed to load ({why}): set aside as {target.name}; "
+             f"resumed from {loaded.path.name}")  # fmt: skip
 
 
-def _first_line(error: BaseException) -> str:
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b.*")
+
+
+def _reason(error: BaseException) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the
+    error's text (DCP's holds every rank's traceback), else its first line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+    named = [line for line in lines if _ERROR_LINE.match(line)]
+    text = named[-1] if named else (lines[0] if lines else "")
+    if not text.startswith(type(error).__name__) and not named:
+        text = f"{type(error).__name__}: {text}"
+    return text[:300]
 
 
 def _say(message: str) -> None:

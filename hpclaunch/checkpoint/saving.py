@@ -1,11 +1,11 @@
 """``save``: one checkpoint per step, in one of two forms, committed atomically,
 blocking or in the background.
 
-- **Sharded** (any DTensor in the state, or ``sharded=True``): every rank writes its
-  own shards through torch's distributed checkpoint (DCP) into a temporary folder;
-  once every rank's file and DCP's metadata are fsynced, global rank 0 renames the
-  folder to ``step-N`` and fsyncs the parent. A checkpoint is visible whole or not
-  at all.
+- **Sharded** (any DTensor or ``Stateful`` object in the state, or ``sharded=True``):
+  every rank writes its own shards through torch's distributed checkpoint (DCP) into
+  a temporary folder; once every rank's file and DCP's metadata are fsynced, global
+  rank 0 renames the folder to ``step-N`` and fsyncs the parent. A checkpoint is
+  visible whole or not at all.
 - **One file** (replicated state, as DDP trains): global rank 0 writes
   ``step-N.pt`` (temporary file, fsync, rename, fsync of the folder).
 
@@ -13,8 +13,8 @@ blocking or in the background.
 and committing go on in a background thread, over a gloo process group of the
 checkpoint's own (so they never interleave with the training's collectives). At
 most one save is in flight: the next ``save``, ``load_latest``, ``wait`` and the
-process's exit wait for it. A save that fails raises in all ranks, at the call
-that waits for it.
+process's exit wait for it. A save that fails raises on all ranks, at the call
+that waits for it, naming the first rank it failed on.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpclaunch.checkpoint import group, local, store
+from hpclaunch.checkpoint import local, store
+from hpclaunch.checkpoint.group import Ranks, attempt_tag
 from hpclaunch.checkpoint.state import find_sharded
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves
@@ -39,20 +40,114 @@ from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 if TYPE_CHECKING:  # the login node's `hpclaunch status` imports this package
     from concurrent.futures import Future, ThreadPoolExecutor
 
-log = logging.getLogger("hpclaunch.checkpoint")
+log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Pending:
+class _Save:
+    """One save, as the training's thread set it up; ``run`` writes and commits."""
+
     step: int
     final: Path
-    future: Future[Checkpoint | None]
+    keep_last: int
+    ranks: Ranks
+    data: dict[str, Any]  # what this rank writes (staged, when asynchronous)
+    write: Callable[[], bool]  # this rank's part; True: rank 0 committed it now
+    local_copy: Path | None
+    asynchronous: bool
+    started: float
+    blocked: float = 0.0
+
+    def run(self) -> Checkpoint:
+        """Write and commit, then agree with every rank that it worked (a failure on
+        any rank raises on all); what follows the commit cannot fail the save."""
+        error: BaseException | None = None
+        fresh = False
+        try:
+            self.ranks.check_alive(f"the save of step {self.step}")
+            fresh = self.write()
+        except BaseException as exc:  # shared below, then raised
+            error = exc
+        failed_on = self.ranks.first_true(error is not None)
+        if error is not None:
+            raise error
+        if failed_on is not None:
+            raise CheckpointError(
+                f"the save of step {self.step} ({self.final}) failed on rank {failed_on} "
+                "(its log says why); it was not committed, the previous checkpoints stay"
+            )
+        if self.local_copy is not None and self.ranks.from_rank0(int(fresh)):
+            local.keep(self.data, self.local_copy, self.step, self.keep_last)
+        if self.ranks.rank == 0:
+            self._after_commit(fresh)
+        return Checkpoint(self.step, self.final)
+
+    def _after_commit(self, fresh: bool) -> None:
+        try:
+            store.prune(self.final.parent, self.keep_last)
+        except OSError as exc:
+            log.warning("step %d is committed, but pruning older ones failed: %s", self.step, exc)
+        if not fresh:
+            return
+        total = time.monotonic() - self.started
+        _note(saves.SaveRecord(
+            step=self.step, sharded=Checkpoint(self.step, self.final).sharded,
+            asynchronous=self.asynchronous, ranks=self.ranks.world, ended=time.time(),
+            blocked_s=round(self.blocked if self.asynchronous else total, 4),
+            total_s=round(total, 4), bytes=store.size_of(self.final),
+        ))  # fmt: skip
 
 
-_lock = threading.Lock()
-_pending: _Pending | None = None
-_executor: ThreadPoolExecutor | None = None
-_stager: Any = None
+class _Saver:
+    """This process's saves: the one in flight, the thread that runs it, the staging
+    buffers it reuses."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: tuple[_Save, Future[Checkpoint]] | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.stager: Any = None
+
+    def submit(self, save: _Save) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(1, thread_name_prefix="hpclaunch-checkpoint")
+                atexit.register(_at_exit)
+            self.pending = (save, self.executor.submit(save.run))
+
+    def wait(self) -> Checkpoint | None:
+        with self.lock:
+            pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        save, future = pending
+        try:
+            return future.result()
+        except (CheckpointError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            raise CheckpointError(
+                f"the asynchronous save of step {save.step} ({save.final}) failed: "
+                f"{type(exc).__name__}: {exc}; it was not committed, the previous "
+                "checkpoints stay"
+            ) from exc
+
+    def stage(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of ``state`` in host memory that training can no longer change. The
+        buffers are reused by the next save, which starts only after this one ended."""
+        from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+
+        if self.stager is None:
+            import torch
+
+            self.stager = StateDictStager(pin_memory=torch.cuda.is_available())
+        staged: dict[str, Any] = self.stager.stage(dict(state), non_blocking=False)
+        return staged
+
+
+_saver = _Saver()
 
 
 def save(
@@ -68,20 +163,18 @@ def save(
     """Save ``state`` as the checkpoint of ``step``; returns the path it has once
     committed. Every rank calls it at the same step (it is a collective).
 
-    ``sharded``: None picks the form from the state (sharded when it holds a
-    DTensor); False refuses a DTensor, naming it. ``asynchronous``: return once the
-    state is staged in host memory (see the module's text). Keeps the newest
-    ``keep_last`` committed checkpoints. ``local_copy``: every rank also keeps its
-    shards in node memory for a fast in-place restart (``hpclaunch.checkpoint.local``).
-    Raises CheckpointError for a state or folder it cannot save, and for a failed
-    earlier asynchronous save."""
-    global _pending
+    ``sharded``: None picks the form from the state (sharded when it holds a DTensor
+    or a ``Stateful`` object); False refuses those, naming them. ``asynchronous``:
+    return once the state is staged in host memory (see the module's text). Keeps
+    the newest ``keep_last`` committed checkpoints. ``local_copy``: every rank also
+    keeps its shards in node memory for a fast in-place restart
+    (``hpclaunch.checkpoint.local``). Raises CheckpointError for a state or folder
+    it cannot save, and for a failed earlier asynchronous save."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, not {keep_last}")
-    wait()
-    # Made here, in the training's thread: process groups must be made in the same
-    # order on every rank, which a background thread cannot promise.
-    group.get()
+    started = time.monotonic()  # training waits from here, for the save in flight too
+    _saver.wait()
+    ranks = Ranks.now()
     root = store.directory(folder)
     store.check_step(step)
     as_shards = _form(state, sharded)
@@ -91,50 +184,29 @@ def save(
             "state holds no DTensor, so one writer saves it: drop local_copy, or pass "
             "sharded=True to have every rank write"
         )
-    keep_local = local.root() if local_copy else None  # raises before anything is written
+    keep_local = local.root(ranks) if local_copy else None  # raises before any write
     final = store.path_for(root, step, sharded=as_shards)
-    started = time.monotonic()
     writer = _sharded_writer if as_shards else _single_writer
-    data, commit = writer(state, final, asynchronous)
-    blocked = time.monotonic() - started
-
-    def job() -> Checkpoint | None:
-        done = _finish(commit, final, step, keep_last, started, blocked, asynchronous)
-        if keep_local is not None:
-            local.keep(data, step, keep_last)
-        return done
-
+    data, write = writer(state, final, asynchronous, ranks)
+    job = _Save(step, final, keep_last, ranks, data, write, keep_local, asynchronous, started)
     if not asynchronous:
-        job()
+        job.run()
         return final
-    with _lock:
-        _pending = _Pending(step, final, _background().submit(job))
+    job.blocked = time.monotonic() - started
+    _saver.submit(job)
     return final
 
 
 def wait() -> Checkpoint | None:
     """Wait for the save in flight, if any; returns what it committed. Raises
     CheckpointError when it failed (on every rank: the failure is shared)."""
-    global _pending
-    with _lock:
-        pending, _pending = _pending, None
-    if pending is None:
-        return None
-    try:
-        return pending.future.result()
-    except (CheckpointError, KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        raise CheckpointError(
-            f"the asynchronous save of step {pending.step} ({pending.final}) failed: "
-            f"{type(exc).__name__}: {exc}; it was not committed, the previous checkpoints stay"
-        ) from exc
+    return _saver.wait()
 
 
 def in_flight() -> int | None:
     """The step of the save in flight, if any."""
-    pending = _pending
-    return None if pending is None or pending.future.done() else pending.step
+    pending = _saver.pending
+    return None if pending is None or pending[1].done() else pending[0].step
 
 
 def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
@@ -147,104 +219,56 @@ def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
     if sharded is False and found:
         raise CheckpointError(
             f"checkpoint.save(sharded=False) cannot save {found[0]!r}: it is a "
-            f"{found[1]}, of which each rank holds only its own shard, and one writer "
-            "would save rank 0's part alone; leave sharded unset (or True) so that "
-            "every rank writes its shards"
+            f"{found[1]}, {found[2]}; leave sharded unset (or True) so that every rank "
+            "writes its part"
         )
     return bool(found) if sharded is None else sharded
 
 
-# What a writer leaves for later: write this rank's part, and commit on rank 0.
-Commit = Callable[[], None]
-
-
 def _single_writer(
-    state: Mapping[str, Any], final: Path, asynchronous: bool
-) -> tuple[dict[str, Any], Commit]:
+    state: Mapping[str, Any], final: Path, asynchronous: bool, ranks: Ranks
+) -> tuple[dict[str, Any], Callable[[], bool]]:
     import torch
 
-    if group.rank() != 0:
-        return {}, lambda: None
-    data = _stage(state) if asynchronous else dict(state)
+    if ranks.rank != 0:
+        return {}, lambda: False
+    data = _saver.stage(state) if asynchronous else dict(state)
 
-    def write() -> None:
-        if not write_atomic(final, lambda handle: torch.save(data, handle)):
-            log.warning(
-                "%s exists already and was kept (a committed checkpoint is never "
-                "overwritten); save each step once", final,
-            )  # fmt: skip
+    def write() -> bool:
+        if write_atomic(final, lambda handle: torch.save(data, handle)):
+            return True
+        log.warning("%s exists already and was kept; save each step once", final)
+        return False
 
     return data, write
 
 
 def _sharded_writer(
-    state: Mapping[str, Any], final: Path, asynchronous: bool
-) -> tuple[dict[str, Any], Commit]:
+    state: Mapping[str, Any], final: Path, asynchronous: bool, ranks: Ranks
+) -> tuple[dict[str, Any], Callable[[], bool]]:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    temp = store.temp_for(final, group.attempt_tag())
-    if group.rank() == 0:
+    temp = store.temp_for(final, attempt_tag())
+    if ranks.rank == 0:
         store.remove(temp)  # a killed attempt's, under the same tag
-    data = _stage(state) if asynchronous else dict(state)
+    data = _saver.stage(state) if asynchronous else dict(state)
     writer = FileSystemWriter(temp, sync_files=True)
 
-    def write() -> None:
-        dcp_save(data, storage_writer=writer, process_group=group.get(), no_dist=not group.on())
-        if group.rank() == 0:
-            fsync_folder(temp)
-            if final.exists():
-                log.warning("%s exists already and was kept; save each step once", final)
-                store.remove(temp)
-                return
-            os.replace(temp, final)
-            fsync_folder(final.parent)
+    def write() -> bool:
+        dcp_save(data, storage_writer=writer, process_group=ranks.pg, no_dist=ranks.alone)
+        if ranks.rank != 0:
+            return False
+        fsync_folder(temp)
+        if final.exists():
+            log.warning("%s exists already and was kept; save each step once", final)
+            store.remove(temp)
+            return False
+        os.replace(temp, final)
+        fsync_folder(final.parent)
+        return True
 
     return data, write
-
-
-def _stage(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``state`` in host memory that training can no longer change."""
-    global _stager
-    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
-
-    if _stager is None:
-        import torch
-
-        _stager = StateDictStager(pin_memory=torch.cuda.is_available())
-    staged: dict[str, Any] = _stager.stage(dict(state), non_blocking=False)
-    return staged
-
-
-def _finish(
-    commit: Commit, final: Path, step: int, keep_last: int,
-    started: float, blocked: float, asynchronous: bool,
-) -> Checkpoint | None:  # fmt: skip
-    """Write and commit, then agree with every rank that it worked (a failure on any
-    rank raises on all), prune, and note the save's times."""
-    error: BaseException | None = None
-    try:
-        commit()
-    except BaseException as exc:  # shared below, then raised
-        error = exc
-    failed_somewhere = group.any_true(error is not None)
-    if error is not None:
-        raise error
-    if failed_somewhere:
-        raise CheckpointError(
-            f"the save of step {step} failed on another rank (its log says why); "
-            "it was not committed"
-        )
-    if group.rank() != 0:
-        return Checkpoint(step, final)
-    store.prune(final.parent, keep_last)
-    total = time.monotonic() - started
-    _note(saves.SaveRecord(
-        step=step, sharded=Checkpoint(step, final).sharded, asynchronous=asynchronous,
-        blocked_s=round(blocked, 4), total_s=round(total, 4), bytes=store.size_of(final),
-        ranks=group.world(), ended=time.time(),
-    ))  # fmt: skip
-    return Checkpoint(step, final)
 
 
 def _note(record: saves.SaveRecord) -> None:
@@ -258,25 +282,13 @@ def _note(record: saves.SaveRecord) -> None:
         log.warning("cannot note the save's times in %s: %s", job_dir, exc)
 
 
-def _background() -> ThreadPoolExecutor:
-    global _executor
-    from concurrent.futures import ThreadPoolExecutor
-
-    if _executor is None:
-        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpclaunch-checkpoint")
-        atexit.register(_at_exit)
-    return _executor
-
-
 def _at_exit() -> None:
     """A process that ends with a save in flight finishes it first (concurrent.futures
     joins its threads before ``atexit`` runs this), or says that it is lost."""
-    if _pending is None:
-        return
     try:
-        done = wait()
+        done = _saver.wait()
     except CheckpointError as exc:
         log.error("%s", exc)
     else:
-        if done is not None and group.rank() == 0:
+        if done is not None:
             log.info("the asynchronous save of step %d was committed at exit", done.step)

@@ -12,26 +12,37 @@ _SHARDED_TYPES = (
     ("torch.distributed.tensor", "DTensor"),
     ("torch.distributed._shard.sharded_tensor", "ShardedTensor"),
 )
+_SHARD = "of which each rank holds only its own shard: one writer would save rank 0's part alone"
+_STATEFUL = (
+    "an object with state_dict() and load_state_dict() (a model, an optimizer), whose "
+    "state torch's distributed checkpoint takes from every rank"
+)
 
 
-def find_sharded(state: Any, prefix: str = "") -> tuple[str, str] | None:
-    """(key path, type name) of the first sharded tensor (DTensor, ShardedTensor) in
-    ``state``, nested dicts, lists and tuples included; None when there is none."""
+def find_sharded(state: Any, prefix: str = "") -> tuple[str, str, str] | None:
+    """(key path, type name, why) of the first value in ``state`` that one writer
+    cannot save for all ranks: a sharded tensor (DTensor, ShardedTensor), or a
+    ``Stateful`` object (a model, an optimizer, which may hold them). Nested dicts,
+    lists and tuples are searched; None when there is none."""
     kinds = tuple(
         getattr(sys.modules[module], name)
         for module, name in _SHARDED_TYPES
         if module in sys.modules and hasattr(sys.modules[module], name)
     )
-    return _find(state, prefix, kinds) if kinds else None
+    return _find(state, prefix, kinds)
 
 
-def _find(state: Any, prefix: str, kinds: tuple[type, ...]) -> tuple[str, str] | None:
-    if isinstance(state, kinds):
-        return (prefix, type(state).__name__)
+def _find(state: Any, prefix: str, kinds: tuple[type, ...]) -> tuple[str, str, str] | None:
+    if kinds and isinstance(state, kinds):
+        return (prefix, type(state).__name__, _SHARD)
     if isinstance(state, Mapping):
         items = [(f"{prefix}.{key}" if prefix else str(key), value) for key, value in state.items()]
     elif isinstance(state, (list, tuple)):
         items = [(f"{prefix}[{i}]", value) for i, value in enumerate(state)]
+    elif callable(getattr(state, "state_dict", None)) and callable(
+        getattr(state, "load_state_dict", None)
+    ):
+        return (prefix, type(state).__name__, _STATEFUL)
     else:
         return None
     for path, value in items:

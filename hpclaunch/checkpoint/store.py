@@ -31,7 +31,7 @@ DEFAULT_KEEP_LAST = 2
 MAX_STEP = 10**12 - 1  # names hold 12 digits
 METADATA = ".metadata"  # what torch's distributed checkpoint writes last
 _NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
-_TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.tmp-[\w.-]+$")
+_TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.(tmp|deleting)-[\w.-]+$")
 DAMAGED_SUFFIX = ".damaged"
 
 
@@ -129,10 +129,16 @@ def prune(folder: Path, keep_last: int) -> list[Path]:
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, not {keep_last}")
     old = [item.path for item in complete(folder)[:-keep_last]]
-    old += [Path(e.path) for e in os.scandir(folder) if _TEMP.match(e.name)]
     for path in old:
+        # Out of the committed set in one rename first: a folder half deleted (a
+        # filesystem that fails midway) must not still look committed.
+        going = path.with_name(f".{path.name}.deleting-{os.getpid()}")
+        os.replace(path, going)
+        remove(going)
+    leftovers = [Path(e.path) for e in os.scandir(folder) if _TEMP.match(e.name)]
+    for path in leftovers:
         remove(path)
-    return old
+    return old + leftovers
 
 
 def set_aside(checkpoint: Checkpoint) -> Path:

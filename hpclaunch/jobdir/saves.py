@@ -48,31 +48,28 @@ def append(path: Path, record: SaveRecord) -> None:
 
 def last(path: Path) -> SaveRecord | None:
     """The newest readable record, or None (no file, or none readable)."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            return SaveRecord(**json.loads(line))
-        except (ValueError, TypeError):
-            continue
-    return None
+    found = _records(path)
+    return found[-1] if found else None
 
 
 def slowest(path: Path, count: int = 5) -> SaveRecord | None:
     """Of the newest ``count`` records, the one that took longest to commit."""
+    return max(_records(path)[-count:], key=lambda r: r.total_s, default=None)
+
+
+def _records(path: Path) -> list[SaveRecord]:
+    """Every readable record, oldest first (a torn or foreign line is skipped)."""
     try:
-        lines = path.read_text(errors="replace").splitlines()[-count:]
+        lines = path.read_text(errors="replace").splitlines()
     except OSError:
-        return None
+        return []
     found = []
     for line in lines:
         try:
             found.append(SaveRecord(**json.loads(line)))
         except (ValueError, TypeError):
             continue
-    return max(found, key=lambda r: r.total_s, default=None)
+    return found
 
 
 def lead_warning(record: SaveRecord, signal_lead_s: float) -> str | None:

@@ -28,6 +28,7 @@ from hpclaunch.node.options import (
     guarded,
     launched_as,
     local_checkpoints,
+    stale_local_checkpoints,
     starts_warm,
     worker_command,
     worker_env,
@@ -113,6 +114,8 @@ def launch(
     ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan, env: Mapping[str, str]
 ) -> int:
     """Run the workers through torch's elastic agent; return the exit status."""
+    for stale in stale_local_checkpoints(ctx):
+        shutil.rmtree(stale, ignore_errors=True)
     zygote = _fork_zygote() if starts_warm(opts) else None
     try:
         return _launch(ctx, opts, settings, env, zygote)

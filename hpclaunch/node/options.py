@@ -333,11 +333,26 @@ def worker_env(ctx: NodeContext, rdzv: str, attempt: int | None = None) -> dict[
     )
 
 
-def local_checkpoints(ctx: NodeContext) -> Path:
+def local_checkpoints(ctx: NodeContext, base: Path | None = None) -> Path:
     """This node's folder for node-local checkpoint copies: in node memory (/dev/shm)
     where there is one, else the temporary folder; one per job, run and node (the
     sandbox's nodes share one machine). It lives as long as this node's agent, which
     is what in-place restarts need; a requeued run starts without it."""
-    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
-    name = f"hpclaunch-{ctx.job_id}-{ctx.restart_count}-{ctx.hostname}"
-    return base / "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    if base is None:
+        base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    return base / _safe(f"hpclaunch-{ctx.job_id}-{ctx.restart_count}-{ctx.hostname}")
+
+
+def stale_local_checkpoints(ctx: NodeContext, base: Path | None = None) -> list[Path]:
+    """This job's node-local folders on this node from earlier runs: an agent killed
+    by SLURM (after KillWait) could not remove its own."""
+    current = local_checkpoints(ctx, base)
+    prefix, suffix = _safe(f"hpclaunch-{ctx.job_id}-"), _safe(f"-{ctx.hostname}")
+    return [
+        path for path in current.parent.glob(f"{prefix}*{suffix}")
+        if path != current and path.name[len(prefix) : -len(suffix)].isdigit()
+    ]  # fmt: skip
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)

@@ -7,6 +7,8 @@ aside; what cannot be saved or restored exactly refused by name. The SLURM side
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,11 +145,21 @@ def test_node_local_copies_serve_the_same_ranks_only(saved: Path, tmp_path: Path
     local = saved / "node-local"
     assert sorted(p.name for p in local.iterdir()) == [f"rank-{r}-of-4" for r in range(4)]
     (tmp_path / "node-local").symlink_to(local)
-    same = torchrun(tmp_path, 4, "load", str(saved / "ckpt"), str(tmp_path))
+    # The shared copy's shards truncated: only the node-local copies can give the state.
+    shared = tmp_path / "ckpt"
+    shutil.copytree(saved / "ckpt", shared)
+    for shard in (shared / "step-000000000002").glob("__*.distcp"):
+        os.truncate(shard, 10)
+    same = torchrun(tmp_path, 4, "load", str(shared), str(tmp_path))
     assert "hpclaunch checkpoint: step 2 read from the node-local copies" in same.stderr
     _equal(saved, tmp_path)
     fewer = torchrun(tmp_path, 2, "load", str(saved / "ckpt"), str(tmp_path))
     assert "node-local" not in fewer.stderr  # 2 ranks: no copies of theirs; the shared one
+    _equal(saved, tmp_path)
+    # One rank without its copy: every rank reads the shared one.
+    shutil.rmtree(local / "rank-3-of-4" / "step-000000000002")
+    partial = torchrun(tmp_path, 4, "load", str(saved / "ckpt"), str(tmp_path))
+    assert "node-local" not in partial.stderr
     _equal(saved, tmp_path)
 
 
@@ -198,8 +210,10 @@ os.truncate(shard, os.path.getsize(shard) // 2)
 out["loaded"] = checkpoint.load_latest(folder, into=state()).step
 for step in (0, 1):
     os.truncate(os.path.join(folder, f"step-{step:012d}", ".metadata"), 10)
-refused("all_damaged", lambda: checkpoint.load_latest(folder, into=state()))
+refused("none_loads", lambda: checkpoint.load_latest(folder, into=state()))
 out["names"] = sorted(os.listdir(folder))
+out["saves"] = [json.loads(line) for line in open(os.environ["HPCLAUNCH_JOB_DIR"]
+                                                  + "/checkpoint-saves.jsonl")]
 single = folder + "-one-file"  # the replicated form: a truncated file is set aside too
 for step in (0, 1):
     checkpoint.save({"x": torch.full((1000,), float(step))}, step, folder=single)
@@ -220,11 +234,12 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     with socket.socket() as probe:  # a free port on loopback for the one-rank group
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    folder = tmp_path / "ckpt"
+    folder, job = tmp_path / "ckpt", tmp_path / "job"
+    job.mkdir()  # the job folder, as the agent makes it
+    env = base_env(PYTHONWARNINGS="ignore::UserWarning", HPCLAUNCH_JOB_DIR=str(job))
     done = subprocess.run(
         [sys.executable, "-c", CHECKS, str(folder), str(port)],
-        env=base_env(PYTHONWARNINGS="ignore::UserWarning"), capture_output=True, text=True,
-        timeout=120, check=False,
+        env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
@@ -243,16 +258,26 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     assert out["loaded"] == 1  # step 2 truncated: set aside, step 1 loaded
     assert out["one_file_loaded"] == [0, 0.0]
     assert (tmp_path / "ckpt-one-file" / "step-000000000001.pt.damaged").exists()
-    assert out["all_damaged"].startswith(f"no checkpoint in {folder} can be loaded: step 1 (")
-    assert "cannot be loaded on rank 0" in done.stderr and ".damaged" in done.stderr
+    # Step 2 was set aside only once step 1 had loaded: that showed the loading works.
+    assert "step-000000000002 failed to load (rank 0: " in done.stderr
+    assert "set aside as step-000000000002.damaged; resumed from step-000000000001" in (done.stderr)
+    # When none loads, the cause may be the script: nothing is renamed, each is named.
+    assert out["none_loads"].startswith(
+        f"no checkpoint in {folder} can be loaded: step-000000000001 (rank 0: "
+    )
+    assert "Nothing was renamed" in out["none_loads"]
     assert out["names"] == [
         ".step-000000000005.tmp-local-0-0",  # the failed save's, pruned by the next save
-        "step-000000000000.damaged",
-        "step-000000000001.damaged",
+        "step-000000000000",
+        "step-000000000001",
         "step-000000000002.damaged",
     ]
+    # Blocking saves block training for their whole time; the record says so.
+    assert [r["step"] for r in out["saves"]] == [0, 1, 2]
+    assert all(r["blocked_s"] == r["total_s"] > 0 and not r["asynchronous"] for r in out["saves"])
     # The save in flight when the script ended was finished before the process exited.
     assert out["in_flight"] == 7
-    assert [c.name for c in folder.iterdir() if not c.name.endswith(".damaged")] == [
-        "step-000000000007"
-    ]
+    kept = sorted(c.name for c in folder.iterdir() if not c.name.endswith(".damaged"))
+    assert kept == ["step-000000000001", "step-000000000007"]  # keep_last=2
+    last = json.loads((job / "checkpoint-saves.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 7 and last["asynchronous"] and last["blocked_s"] < last["total_s"]

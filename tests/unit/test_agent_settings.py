@@ -17,6 +17,7 @@ from hpclaunch.node.options import (
     AgentOptions,
     guarded,
     launch_settings,
+    stale_local_checkpoints,
     worker_command,
     worker_env,
 )
@@ -125,6 +126,16 @@ def test_worker_command_and_env() -> None:
     }
     # One folder per job, run and node, in node memory where there is some.
     assert Path(local).name == "hpclaunch-77-2-n2" and Path(local).parent.is_dir()
+
+
+def test_earlier_runs_node_local_folders_are_found_for_removal(tmp_path: Path) -> None:
+    ctx = NodeContext.from_env(ENV)  # job 77, run 2, on n2
+    names = ["hpclaunch-77-0-n2", "hpclaunch-77-1-n2", "hpclaunch-77-2-n2",  # ours: run 2
+             "hpclaunch-77-1-n22", "hpclaunch-77-1-gpu-n2", "hpclaunch-771-0-n2"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).mkdir()
+    stale = sorted(p.name for p in stale_local_checkpoints(ctx, tmp_path))
+    assert stale == ["hpclaunch-77-0-n2", "hpclaunch-77-1-n2"]
     static = worker_env(NodeContext.from_env(ENV), "static")
     assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 

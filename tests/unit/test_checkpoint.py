@@ -146,9 +146,19 @@ def test_the_temporary_name_holds_the_attempt(monkeypatch: pytest.MonkeyPatch) -
     assert group.attempt_tag() == "run_x-1-3"
 
 
-def test_no_sharded_tensor_is_found_before_torch_defines_one() -> None:
+def test_a_stateful_object_is_found_where_one_writer_would_miss_its_shards() -> None:
+    class Model:  # as an nn.Module or an optimizer: DCP asks each rank for its state
+        def state_dict(self) -> dict[str, float]:
+            return {}
+
+        def load_state_dict(self, state: dict[str, float]) -> None:
+            pass
+
     state = {"model": {"w": [1.0, 2.0]}, "step": 3, "nested": [{"a": (1, 2)}]}
     assert find_sharded(state) is None
+    found = find_sharded({**state, "nested": [{"a": 1}, {"opt": Model()}]})
+    assert found is not None and found[:2] == ("nested[1].opt", "Model")
+    assert "state_dict() and load_state_dict()" in found[2]
 
 
 def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
