@@ -251,7 +251,13 @@ def _sharded_writer(
 
     temp = store.temp_for(final, attempt_tag())
     if ranks.rank == 0:
-        store.remove(temp)  # a killed attempt's, under the same tag
+        try:
+            store.remove(temp)  # a failed save's of this step in this attempt, if any
+        except OSError as exc:  # not before the collective below: DCP will say it
+            log.warning("cannot remove %s: %s", temp, exc)
+    # Every rank waits for that removal: DCP makes the folder as it plans, and another
+    # rank's fresh folder must not be removed (or be half seen) by rank 0.
+    ranks.first_true(False)
     data = _saver.stage(state) if asynchronous else dict(state)
     writer = FileSystemWriter(temp, sync_files=True)
 

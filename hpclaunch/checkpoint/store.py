@@ -115,11 +115,17 @@ def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:
 
 
 def remove(path: Path) -> None:
-    """Delete a checkpoint or a temporary one, file or folder."""
-    if path.is_dir() and not path.is_symlink():
+    """Delete a checkpoint or a temporary one, file or folder, or nothing. What a
+    folder's removal leaves (a file that cannot be deleted) stays; a file that cannot
+    be deleted raises OSError."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except (IsADirectoryError, PermissionError):  # a folder: EISDIR on Linux, EPERM elsewhere
+        if not path.is_dir():
+            raise
         shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def prune(folder: Path, keep_last: int) -> list[Path]:

@@ -186,3 +186,11 @@ def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
         "(--signal-lead 10 s) the workers get 7 s: a save on the warning would not finish; "
         "raise --signal-lead to at least 33 s, or make the save smaller"
     )
+
+
+def test_remove_takes_a_file_a_folder_or_nothing(tmp_path: Path) -> None:
+    single, shards = tmp_path / "step-000000000001.pt", _sharded(tmp_path, 2)
+    single.write_text("x")
+    for path in (single, shards, tmp_path / "never-there"):
+        store.remove(path)
+        assert not path.exists()
