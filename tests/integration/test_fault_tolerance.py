@@ -5,70 +5,28 @@ requeues, and leaves no process of the job behind."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
 from hpclaunch.sandbox.cluster import NodeAction
-from hpclaunch.slurm.commands import parse_show_job
 from hpclaunch.slurm.hostlist import expand
-from tests.integration.helpers import VENV_BIN, wait_for
+from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
+from tests.integration.training_jobs import (
+    ENDED,
+    EXAMPLES,
+    HIGH_JOB,
+    Job,
+    digest_of,
+    uninterrupted_digest,
+)
+from tests.integration.training_jobs import submit as submit_script
 
 pytestmark = pytest.mark.integration
 
-TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+TRAIN = EXAMPLES / "train.py"
 STEPS = ("--steps", "30", "--checkpoint-every", "5", "--step-time", "0.15")
-HIGH_JOB = ("-o", "/dev/null", "--wrap", "sleep 1")
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-
-
-@dataclass
-class Job:
-    id: int
-    folder: Path  # the submit folder
-    env: dict[str, str]
-
-    @property
-    def log(self) -> str:
-        return (self.folder / "logs" / f"train-{self.id}.out").read_text()
-
-    @property
-    def job_dir(self) -> Path:
-        return self.folder / "logs" / str(self.id)
-
-    def fields(self) -> dict[str, str]:
-        out = subprocess.run(
-            ["scontrol", "show", "job", str(self.id)],
-            env=self.env, capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        return parse_show_job(out)
-
-    def lines(self, kind: str) -> list[dict[str, object]]:
-        return [
-            json.loads(line.split(f"{kind} ", 1)[1])
-            for line in self.log.splitlines()
-            if line.startswith(f"[rank0] {kind} ")
-        ]
-
-    def history(self) -> list[tuple[int, str | None, str]]:
-        runs = json.loads((self.job_dir / "history.json").read_text())["runs"]
-        return [(r["requeue_count"], r["reason"], r["action"]) for r in runs]
-
-    def wait_checkpoint(self, step: int) -> None:
-        target = self.job_dir / "checkpoints" / f"step-{step:012d}.pt"
-        wait_for(target.exists, timeout_s=120, what=f"job {self.id}'s checkpoint of step {step}")
-
-    def wait_end(self) -> str:
-        wait_for(lambda: self.fields()["JobState"] in ENDED, timeout_s=180, what=f"job {self.id}")
-        entry = f"SLURM_JOB_ID={self.id}".encode()
-        wait_for(lambda: not procs.with_environ(entry), timeout_s=30,
-                 what=f"every process of job {self.id} to exit")  # fmt: skip
-        return self.fields()["JobState"]
 
 
 def submit(
@@ -78,38 +36,16 @@ def submit(
     partition: str | None = None,
     options: tuple[str, ...] = (),
 ) -> Job:
-    env = dict(sandbox.env)
-    env["PATH"] = f"{VENV_BIN}:{env['PATH']}"
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(TRAIN, folder / "train.py")
-    extra = ["--partition", partition] if partition else []
-    result = subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "sbatch", "--log-dir", "logs", "--nodes", "2",
-         "--nproc-per-node", "2", "--gpus-per-node", "0", *extra, *options, "train.py", *STEPS,
-         *args],
-        cwd=folder, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return Job(int(result.stdout), folder, env)
+    """examples/train.py on 2 nodes x 2 workers, 30 steps; ``args`` override STEPS."""
+    return submit_script(
+        sandbox, folder, TRAIN, *STEPS, *args, partition=partition, options=options
+    )
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The digest of a run that nothing interrupts."""
-    job = submit(sandbox, tmp_path_factory.mktemp("uninterrupted"))
-    assert job.wait_end() == "COMPLETED", job.log
-    [result] = job.lines("RESULT")
-    assert result["started_at"] == 0 and result["world_size"] == 4
-    return str(result["digest"])
-
-
-def digest_of(job: Job, *, last: bool = False) -> str:
-    """The digest of the job's one RESULT line (``last``: of its last one, for a job
-    whose completion can race with SLURM's warning and run once more)."""
-    results = job.lines("RESULT")
-    if not last:
-        assert len(results) == 1, job.log
-    return str(results[-1]["digest"])
+    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
 
 
 def test_a_worker_crash_is_restarted_in_place(
@@ -140,7 +76,7 @@ def test_an_interrupted_job_is_requeued_once_and_resumes(
         # A job of the high partition that needs every node whole preempts (requeues) this one.
         "preemption": ("sbatch", "-p", "high", "-N4", "--exclusive", *HIGH_JOB),
     }
-    _run(job, *interrupt[how])
+    job.run(*interrupt[how])
     assert job.wait_end() == "COMPLETED", job.log
     assert digest_of(job) == uninterrupted
     starts = job.lines("START")
@@ -226,11 +162,7 @@ def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_p
 def test_scancel_never_requeues(sandbox: Running, tmp_path: Path) -> None:
     job = submit(sandbox, tmp_path)
     job.wait_checkpoint(4)
-    _run(job, "scancel", str(job.id))
+    job.run("scancel", str(job.id))
     assert job.wait_end() == "CANCELLED"
     assert job.fields()["Restarts"] == "0"
     assert job.history() == [(0, "cancelled", "none")]
-
-
-def _run(job: Job, *argv: str) -> None:
-    subprocess.run(list(argv), env=job.env, capture_output=True, text=True, check=True)
