@@ -158,7 +158,8 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_previous_one_used(
     again = submit(sandbox, tmp_path / "again", checkpoint_dir=folder)
     assert again.wait_end() == "COMPLETED", again.log
     assert f"hpclaunch checkpoint: {latest} cannot be loaded" in again.log
-    assert f"hpclaunch checkpoint: set aside as {latest}.damaged" in again.log
+    assert f"hpclaunch checkpoint: {latest} failed to load" in again.log
+    assert f"set aside as {latest.name}.damaged; resumed from step-{24:012d}" in again.log
     assert (folder / f"{latest.name}.damaged" / shard.name).stat().st_size == size // 2
     assert [(s["attempt"], s["requeue"], s["step"]) for s in again.lines("START")] == [
         ("0", "0", 25)
