@@ -61,6 +61,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from hpclaunch import checkpoint
     from hpclaunch.checkpoint import local, store
+    from hpclaunch.checkpoint.group import Ranks
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -131,7 +132,7 @@ def worker(args: argparse.Namespace) -> None:
             for tensor in tensors(into):
                 tensor.zero_()
         settle()
-        if local.available(step) != from_local:
+        if local.available(step, Ranks.now()) != from_local:
             raise RuntimeError(f"node-local copies of step {step}: expected {from_local}")
         dist.barrier()
         start = time.monotonic()
@@ -266,14 +267,17 @@ def report(args: argparse.Namespace, results: dict, records: list[dict], local_r
             f"restart, {part}: node-local {node:.2f} s, shared {shared:.2f} s, {node / shared:.2f}x"
         )
     blocking = [r for r in records if not r["asynchronous"]]
-    total = {rest: statistics.median(r["total_s"] for r in blocking if r["step"] % 3 == rest)
-             for rest in (0, 2)}  # fmt: skip
+
+    def median(key: str, rest: int) -> float:  # rest 0: plain saves, 2: with local copy
+        return statistics.median(r[key] for r in blocking if r["step"] % 3 == rest)
+
     print(
         f"page cache dropped before each write and load: {'yes' if results['dropped'] else 'NO'}"
         f"; loads from the node-local copies: {local_reads} of {args.runs + 1} expected\n"
         "hpclaunch's record (checkpoint-saves.jsonl), medians of the blocking saves: blocked_s "
-        f"{statistics.median(r['blocked_s'] for r in blocking):.3f}, total_s {total[0]:.3f}, "
-        f"with local copy total_s {total[2]:.3f}\npeak RSS per rank {results['rss_mib']:.0f} "
+        f"{median('blocked_s', 0):.3f}, total_s {median('total_s', 0):.3f}; with local copy "
+        f"blocked_s {median('blocked_s', 2):.3f}, total_s {median('total_s', 2):.3f}\n"
+        f"peak RSS per rank {results['rss_mib']:.0f} "
         f"MiB; node-local tier at the end {results['local_bytes'] / 2**20:.0f} MiB in /dev/shm"
     )
 
