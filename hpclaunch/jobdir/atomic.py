@@ -44,3 +44,13 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def append_line(path: Path, line: str, mode: int = 0o644) -> None:
+    """Append ``line`` (ending in a newline) in one write with O_APPEND, so that
+    readers see whole lines and concurrent writers do not interleave. Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)

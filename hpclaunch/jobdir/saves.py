@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpclaunch.job.spec import agent_grace_for
+from hpclaunch.jobdir.atomic import append_line
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,7 @@ class SaveRecord:
 
 def append(path: Path, record: SaveRecord) -> None:
     """One line, appended in one write (O_APPEND): a reader sees whole lines."""
-    line = (json.dumps(asdict(record), sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(path, json.dumps(asdict(record), sort_keys=True) + "\n")
 
 
 def last(path: Path) -> SaveRecord | None:

@@ -12,11 +12,12 @@ read all the same. Pure file handling: no SLURM, no torch.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from hpclaunch.jobdir.atomic import append_line
 
 REGISTRY_NAME = "jobs.jsonl"
 
@@ -58,12 +59,7 @@ def add(env: Mapping[str, str], entry: Entry) -> Path:
     """Append ``entry``; returns the registry's path. Raises OSError."""
     target = path(env)
     target.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(asdict(entry), sort_keys=True) + "\n").encode()
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(target, json.dumps(asdict(entry), sort_keys=True) + "\n", mode=0o600)
     return target
 
 

@@ -14,10 +14,12 @@ from hpclaunch.slurm.hostlist import expand
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
 from tests.integration.training_jobs import (
+    CRASH,
     ENDED,
     EXAMPLES,
     HIGH_JOB,
     Job,
+    check_restarted_in_place,
     digest_of,
     uninterrupted_digest,
 )
@@ -51,17 +53,7 @@ def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) ->
 def test_a_worker_crash_is_restarted_in_place(
     sandbox: Running, tmp_path: Path, uninterrupted: str
 ) -> None:
-    job = submit(sandbox, tmp_path, "--crash-rank", "3", "--crash-at", "12")
-    assert job.wait_end() == "COMPLETED", job.log
-    assert digest_of(job) == uninterrupted
-    starts = job.lines("START")
-    # One restart in place (attempt 1, same run), resumed from the checkpoint of step 9.
-    assert [(s["attempt"], s["requeue"], s["step"]) for s in starts] == [
-        ("0", "0", 0),
-        ("1", "0", 10),
-    ]
-    assert job.fields()["Restarts"] == "0"
-    assert job.history() == [(0, "completed", "none")]
+    check_restarted_in_place(submit(sandbox, tmp_path, *CRASH), uninterrupted)
 
 
 @pytest.mark.parametrize("how", ["scontrol requeue", "time-limit warning", "preemption"])

@@ -15,8 +15,10 @@ from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.sandbox_fixture import Running
 from tests.integration.training_jobs import (
+    CRASH,
     EXAMPLES,
     Job,
+    check_restarted_in_place,
     digest_of,
     uninterrupted_digest,
 )
@@ -105,17 +107,7 @@ def test_a_lost_node_requeues_the_job_onto_a_spare(
 def test_a_worker_crash_is_restarted_in_place(
     sandbox: Running, tmp_path: Path, uninterrupted: str
 ) -> None:
-    job = submit(sandbox, tmp_path, "--crash-rank", "3", "--crash-at", "12")
-    assert job.wait_end() == "COMPLETED", job.log
-    assert digest_of(job) == uninterrupted
-    starts = job.lines("START")
-    # One restart in place (attempt 1, same run), resumed from the checkpoint of step 9.
-    assert [(s["attempt"], s["requeue"], s["step"]) for s in starts] == [
-        ("0", "0", 0),
-        ("1", "0", 10),
-    ]
-    assert job.fields()["Restarts"] == "0"
-    assert job.history() == [(0, "completed", "none")]
+    check_restarted_in_place(submit(sandbox, tmp_path, *CRASH), uninterrupted)
 
 
 def test_a_worker_killed_in_an_asynchronous_save_leaves_it_uncommitted(

@@ -134,3 +134,22 @@ def digest_of(job: Job, *, last: bool = False) -> str:
     if not last:
         assert len(results) == 1, job.log
     return str(results[-1]["digest"])
+
+
+# The flags of a worker crash: rank 3 exits 3 at step 12, on the job's first attempt.
+CRASH = ("--crash-rank", "3", "--crash-at", "12")
+
+
+def check_restarted_in_place(job: Job, uninterrupted: str) -> None:
+    """A job submitted with ``CRASH`` (and checkpoints every 5 steps) ends as an
+    uninterrupted one, after one restart in place from the checkpoint of step 9."""
+    assert job.wait_end() == "COMPLETED", job.log
+    assert digest_of(job) == uninterrupted
+    starts = job.lines("START")
+    # One restart in place (attempt 1, same run), resumed from the checkpoint of step 9.
+    assert [(s["attempt"], s["requeue"], s["step"]) for s in starts] == [
+        ("0", "0", 0),
+        ("1", "0", 10),
+    ]
+    assert job.fields()["Restarts"] == "0"
+    assert job.history() == [(0, "completed", "none")]
