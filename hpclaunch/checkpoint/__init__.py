@@ -42,7 +42,7 @@ it). torch is imported only by the functions that need it.
 
 from __future__ import annotations
 
-from hpclaunch.checkpoint.loading import Loaded, load_latest
+from hpclaunch.checkpoint.loading import CheckpointMismatch, Loaded, load_latest
 from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, stop_received
 from hpclaunch.checkpoint.saving import in_flight, save, wait
 from hpclaunch.checkpoint.store import (
@@ -68,6 +68,7 @@ __all__ = [
     "STOP_SIGNALS",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointMismatch",
     "Loaded",
     "Preemption",
     "complete",

@@ -29,6 +29,7 @@ class Ranks:
     rank: int
     world: int
     pg: Any
+    default: int = 0  # id of the default group the snapshot was taken in
 
     @classmethod
     def now(cls) -> Ranks:
@@ -43,17 +44,22 @@ class Ranks:
         if key not in _made:  # a new default group (the script made one again)
             _made.clear()
             _made[key] = dist.new_group(backend="gloo")
-        return cls(dist.get_rank(), dist.get_world_size(), _made[key])
+        return cls(dist.get_rank(), dist.get_world_size(), _made[key], key)
 
     @property
     def alone(self) -> bool:
         return self.pg is None
 
     def check_alive(self, what: str) -> None:
-        """Raise when the process group this snapshot was taken in is gone."""
+        """Raise when the process group this snapshot was taken in is gone (torch's
+        distributed checkpoint would then quietly write as a single process)."""
         import torch.distributed as dist
 
-        if not self.alone and not dist.is_initialized():
+        if self.alone:
+            return
+        from torch.distributed.distributed_c10d import _get_default_group
+
+        if not dist.is_initialized() or id(_get_default_group()) != self.default:
             raise CheckpointError(
                 f"the process group was destroyed while {what} was in flight; call "
                 "checkpoint.wait() before dist.destroy_process_group()"

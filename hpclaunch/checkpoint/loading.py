@@ -8,6 +8,7 @@ each failure: a job never quietly starts from step 0 while checkpoints exist.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -30,15 +31,18 @@ _SHARDED_HELP = (
 @dataclass(frozen=True)
 class Loaded:
     """What ``load_latest`` returns: the step it was saved at, the state (``into``,
-    filled in place, for a sharded checkpoint), and where it was read from."""
+    filled in place, for a sharded checkpoint), and the committed checkpoint's path in
+    the checkpoint folder (also when every rank read its node-local copy of it)."""
 
     step: int
     state: Any
     path: Path
 
 
-class _Unusable(CheckpointError):
-    """The caller's mistake, the same on every rank: raised, never set aside."""
+class CheckpointMismatch(CheckpointError):
+    """The state given to ``load_latest`` cannot take the checkpoint (no ``into`` for
+    a sharded one, or saved entries it has no place for): the caller's to fix, the
+    same on every rank, so the checkpoint is never set aside for it."""
 
 
 def load_latest(
@@ -74,7 +78,7 @@ def load_latest(
         error: BaseException | None = None
         try:
             state = _load(chosen, into, map_location, weights_only, ranks)
-        except (_Unusable, KeyboardInterrupt, SystemExit):
+        except (CheckpointMismatch, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
             error = exc
@@ -119,7 +123,7 @@ def _load(chosen: Checkpoint, into: Mapping[str, Any] | None, map_location: Any,
     if not chosen.sharded:
         return torch.load(chosen.path, map_location=map_location, weights_only=weights_only)
     if into is None:
-        raise _Unusable(
+        raise CheckpointMismatch(
             f"{chosen.path} is a sharded checkpoint: pass the state to load it into, "
             f"load_latest(into=state); {_SHARDED_HELP}"
         )
@@ -135,7 +139,7 @@ def _load_sharded(chosen: Checkpoint, into: dict[str, Any], ranks: Ranks) -> dic
     reader = FileSystemReader(chosen.path)
     left_out = _left_out(reader, into, ranks)
     if left_out:
-        raise _Unusable(
+        raise CheckpointMismatch(
             f"{chosen.path} holds {len(left_out)} entries the state given to "
             f"load_latest(into=...) lacks, such as {', '.join(left_out[:3])}: they would not "
             f"be restored; {_SHARDED_HELP}"
@@ -154,8 +158,9 @@ def _left_out(reader: Any, into: dict[str, Any], ranks: Ranks) -> list[str]:
     error: BaseException | None = None
     left_out: list[str] = []
     try:
-        saved = set(reader.read_metadata().state_dict_metadata)
-        left_out = sorted(saved - set(flatten_state_dict(into)[0]))
+        saved = reader.read_metadata().state_dict_metadata
+        _check_coverage(saved)
+        left_out = sorted(set(saved) - set(flatten_state_dict(into)[0]))
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
@@ -166,6 +171,21 @@ def _left_out(reader: Any, into: dict[str, Any], ranks: Ranks) -> list[str]:
     if failed_on is not None:
         raise CheckpointError(f"its metadata could not be read on rank {failed_on}")
     return left_out
+
+
+def _check_coverage(saved: Mapping[str, Any]) -> None:
+    """Raise when a tensor's saved chunks do not cover it: DCP would restore the rest
+    from nothing, without a word (a checkpoint written by ranks that each took
+    themselves for the only one)."""
+    for key, meta in saved.items():
+        chunks, size = getattr(meta, "chunks", None), getattr(meta, "size", None)
+        if chunks is None or size is None:
+            continue  # not a tensor
+        held = sum(math.prod(chunk.sizes) for chunk in chunks)
+        if held < math.prod(size):
+            raise CheckpointError(
+                f"its metadata covers {held} of the {math.prod(size)} elements of {key}"
+            )
 
 
 def _from_local(into: dict[str, Any], step: int, ranks: Ranks) -> bool:

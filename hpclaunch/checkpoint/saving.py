@@ -64,10 +64,12 @@ class _Save:
         error: BaseException | None = None
         fresh = False
         try:
-            self.ranks.check_alive(f"the save of step {self.step}")
             fresh = self.write()
         except BaseException as exc:  # shared below, then raised
             error = exc
+        # Agreeing needs the group: when the script destroyed it, say that, not
+        # torch's "invalid process group".
+        self.ranks.check_alive(f"the save of {self.final.name}")
         failed_on = self.ranks.first_true(error is not None)
         if error is not None:
             raise error
@@ -262,7 +264,12 @@ def _sharded_writer(
     writer = FileSystemWriter(temp, sync_files=True)
 
     def write() -> bool:
+        what = f"the save of {final.name}"
+        ranks.check_alive(what)
         dcp_save(data, storage_writer=writer, process_group=ranks.pg, no_dist=ranks.alone)
+        # DCP takes a destroyed default group for "one process": its files would hold
+        # each rank's own part only. Nothing is committed then.
+        ranks.check_alive(what)
         if ranks.rank != 0:
             return False
         fsync_folder(temp)

@@ -281,3 +281,50 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     assert kept == ["step-000000000001", "step-000000000007"]  # keep_last=2
     last = json.loads((job / "checkpoint-saves.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 7 and last["asynchronous"] and last["blocked_s"] < last["total_s"]
+
+
+# One rank saves asynchronously, then destroys the process group without wait(): the
+# save must not be committed (torch's checkpoint would go on as a single process).
+DESTROYED = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from hpclaunch import checkpoint
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                        world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+checkpoint.save({"model": model.state_dict(), "big": torch.ones(64 * 2**20)}, 3,
+                folder=sys.argv[1], asynchronous=True)
+print("in flight", checkpoint.in_flight(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_save_in_flight_when_the_group_is_destroyed_is_never_committed(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tmp_path / "ckpt"
+    done = subprocess.run(
+        [sys.executable, "-c", DESTROYED, str(folder), str(port)],
+        env=base_env(PYTHONWARNINGS="ignore::UserWarning"), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert "in flight 3" in done.stdout, done.stdout + done.stderr
+    assert checkpoint_steps(folder) == []
+    assert (
+        "the process group was destroyed while the save of step-000000000003 was in flight; "
+        "call checkpoint.wait() before dist.destroy_process_group()"
+    ) in done.stderr
+
+
+def checkpoint_steps(folder: Path) -> list[int]:
+    from hpclaunch import checkpoint
+
+    return [c.step for c in checkpoint.complete(folder)]
