@@ -125,16 +125,7 @@ class _Saver:
         if pending is None:
             return None
         save, future = pending
-        try:
-            return future.result()
-        except (CheckpointError, KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            raise CheckpointError(
-                f"the asynchronous save of step {save.step} ({save.final}) failed: "
-                f"{type(exc).__name__}: {exc}; it was not committed, the previous "
-                "checkpoints stay"
-            ) from exc
+        return _checked(save, future.result)
 
     def stage(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """A copy of ``state`` in host memory that training can no longer change. The
@@ -171,7 +162,7 @@ def save(
     the newest ``keep_last`` committed checkpoints. ``local_copy``: every rank also
     keeps its shards in node memory for a fast in-place restart
     (``hpclaunch.checkpoint.local``). Raises CheckpointError for a state or folder
-    it cannot save, and for a failed earlier asynchronous save."""
+    it cannot save, for a failed write, and for a failed earlier asynchronous save."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, not {keep_last}")
     started = time.monotonic()  # training waits from here, for the save in flight too
@@ -192,11 +183,26 @@ def save(
     data, write = writer(state, final, asynchronous, ranks)
     job = _Save(step, final, keep_last, ranks, data, write, keep_local, asynchronous, started)
     if not asynchronous:
-        job.run()
+        _checked(job, job.run)
         return final
     job.blocked = time.monotonic() - started
     _saver.submit(job)
     return final
+
+
+def _checked(save: _Save, run: Callable[[], Checkpoint]) -> Checkpoint:
+    """``run()``'s checkpoint; whatever it raises comes out as CheckpointError (DCP's
+    CheckpointException is a BaseException, which ``except Exception`` would miss)."""
+    try:
+        return run()
+    except (CheckpointError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        how = "asynchronous save" if save.asynchronous else "save"
+        raise CheckpointError(
+            f"the {how} of step {save.step} ({save.final}) failed: {type(exc).__name__}: "
+            f"{exc}; it was not committed, the previous checkpoints stay"
+        ) from exc
 
 
 def wait() -> Checkpoint | None:

@@ -198,7 +198,8 @@ refused("one_file", lambda: checkpoint.save(state(), 0, folder=folder, sharded=F
 refused("local_one_file", lambda: checkpoint.save({"x": torch.ones(1)}, 0, folder=folder,
                                                   local_copy=True))
 refused("local_no_agent", lambda: checkpoint.save(state(), 0, folder=folder, local_copy=True))
-for step in (0, 1, 2):
+refused("sync_failed", lambda: checkpoint.save({**state(), "f": lambda: 0}, 6, folder=folder))
+for step in (0, 1, 2):  # the first of them prunes the failed save's temporary folder
     checkpoint.save(state(), step, folder=folder, keep_last=3)
 refused("no_into", lambda: checkpoint.load_latest(folder))
 refused("short_into", lambda: checkpoint.load_latest(folder, into={"model": state()["model"]}))
@@ -253,6 +254,7 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
         "entries the state given to load_latest(into=...) lacks, such as optimizer."
         in (out["short_into"])
     )
+    assert out["sync_failed"].startswith("the save of step 6 (")  # a CheckpointError too
     assert out["async_failed"].startswith("the asynchronous save of step 5 (")
     assert out["after_failure"] == [0, 1, 2]  # the failed save never became visible
     assert out["loaded"] == 1  # step 2 truncated: set aside, step 1 loaded
