@@ -26,6 +26,7 @@ from submitit.slurm.slurm import SlurmExecutor
 
 from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.executor import params as parameters
+from hpclaunch.executor import sources
 from hpclaunch.executor.jobs import AnyJob, Job, LocalJob, attach
 from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.job.profiles import load_profile
@@ -208,6 +209,7 @@ def _submit_pickled(
             path = backend.folder / f".{uuid.uuid4().hex}.pkl"
             pickles.append(path)
             call.set_timeout(minutes, backend.max_num_timeout)
+            sources.remember(call)
             call.dump(path)
         first = backend._submit_command(backend._submitit_command_str)
     except BaseException:

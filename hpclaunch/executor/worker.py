@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from hpclaunch import checkpoint
+from hpclaunch.executor import sources
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, ExecutorFolder
 from hpclaunch.node import worker_env
 
@@ -93,6 +94,7 @@ def _checkpoint(delayed: Any, pickle_path: Path, signum: int) -> None:
     renewed = delayed._checkpoint_function()
     if renewed is not None:
         renewed.set_timeout(delayed._timeout_min, delayed._timeout_countdown)
+        sources.carry(delayed, renewed)
         _dump(renewed, pickle_path)
 
 
@@ -121,6 +123,7 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
         })  # fmt: skip
     _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
     delayed = DelayedSubmission.load(paths.submitted_pickle)
+    sources.restore(delayed)
     checkpointable = rank == 0 and hasattr(delayed.function, "checkpoint")
     if checkpointable:
         _install_stop()

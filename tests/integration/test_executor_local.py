@@ -84,20 +84,10 @@ def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
     kind, message = out["error"]
     assert kind == "FailedJobError"
     assert "root cause: rank 1" in message and "KeyError: 'rank 1 lost its key'" in message
-    # Once in CI (not reproduced in 30 runs here) the block lacked the user's frame:
-    # say everything the block was built from, should it happen again.
-    assert 'driver.py", line' in message, (message, _attempt_files(tmp_path / "jobs"))
+    # The user's script by name, although cloudpickle 3.1.3 pickles it as "<dynamic-code>".
+    assert f'File "{driver}", line 17, in broken' in message, message
     assert out["settings"] == {"seed": "7", "ckpt": str(tmp_path / "ckpt"), "cuda": ""}
     assert out["nodes"].startswith("update_parameters(nodes=...): cluster='local' runs one node")
     timed = out["timed"]
     assert timed["requeue"] == 1 and timed["done"] == 45, timed
     assert 20 <= timed["first"] < 45, timed  # resumed from the checkpoint, not from 0
-
-
-def _attempt_files(jobs: Path) -> dict[str, str]:
-    """Every rank log and error file under ``jobs``, by path: what a root-cause block
-    is built from."""
-    return {
-        str(path): path.read_text(errors="replace")
-        for path in sorted(jobs.glob("*/logs/*/*/*/rank-*"))
-    }
