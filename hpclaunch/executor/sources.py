@@ -35,14 +35,14 @@ def remember(delayed: Any) -> None:
     """Note the file of ``delayed.function`` (a submitit DelayedSubmission) in it."""
     path = source_file(delayed.function)
     if path is not None:
-        setattr(delayed, ATTRIBUTE, path)
+        vars(delayed)[ATTRIBUTE] = path  # an attribute of our pickled call, pickled with it
 
 
 def carry(old: Any, new: Any) -> None:
     """Keep the noted file when ``checkpoint()`` returns the call the next run makes."""
     path = getattr(old, ATTRIBUTE, None)
     if path is not None and getattr(new, ATTRIBUTE, None) is None:
-        setattr(new, ATTRIBUTE, path)
+        vars(new)[ATTRIBUTE] = path
 
 
 def restore(delayed: Any) -> None:
