@@ -79,13 +79,17 @@ class Ranks:
 
     def from_rank0(self, value: int) -> int:
         """Rank 0's ``value``, on every rank."""
+        return self.from_rank(0, value)
+
+    def from_rank(self, src: int, value: int) -> int:
+        """Rank ``src``'s ``value``, on every rank (every rank calls it)."""
         if self.alone:
             return value
         import torch
         import torch.distributed as dist
 
         box = torch.tensor([value], dtype=torch.int64)
-        dist.broadcast(box, src=0, group=self.pg)
+        dist.broadcast(box, src=src, group=self.pg)
         return int(box.item())
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,8 +86,8 @@ def load_latest(
             _set_aside(failed, chosen, ranks)
             return Loaded(step, state, chosen.path)
         if error is not None:
-            _say(f"{chosen.path} cannot be loaded on rank {ranks.rank} ({_reason(error)})")
-        why = _reason(error) if error is not None else f"see rank {failed_on}'s log"
+            _say(f"{chosen.path} cannot be loaded on rank {ranks.rank} ({store.reason_of(error)})")
+        why = store.reason_of(error) if error is not None else f"see rank {failed_on}'s log"
         failed.append((chosen, f"rank {failed_on}: {why}"))
 
 
@@ -198,7 +197,8 @@ def _from_local(into: dict[str, Any], step: int, ranks: Ranks) -> bool:
         raise
     except BaseException as exc:
         error = exc
-        _say(f"node-local copy of step {step} unusable on rank {ranks.rank}: {_reason(exc)}")
+        why = store.reason_of(exc)
+        _say(f"node-local copy of step {step} unusable on rank {ranks.rank}: {why}")
     if ranks.first_true(error is not None) is not None:
         return False
     if ranks.rank == 0:
@@ -219,20 +219,6 @@ def _set_aside(failed: list[tuple[Checkpoint, str]], loaded: Checkpoint, ranks: 
             continue
         _say(f"{damaged.path} failed to load ({why}): set aside as {target.name}; "
              f"resumed from {loaded.path.name}")  # fmt: skip
-
-
-_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b.*")
-
-
-def _reason(error: BaseException) -> str:
-    """The line that says what went wrong: the last ``SomethingError: ...`` line of the
-    error's text (DCP's holds every rank's traceback), else its first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    named = [line for line in lines if _ERROR_LINE.match(line)]
-    text = named[-1] if named else (lines[0] if lines else "")
-    if not text.startswith(type(error).__name__) and not named:
-        text = f"{type(error).__name__}: {text}"
-    return text[:300]
 
 
 def _say(message: str) -> None:

@@ -71,12 +71,16 @@ class _Save:
         # torch's "invalid process group".
         self.ranks.check_alive(f"the save of {self.final.name}")
         failed_on = self.ranks.first_true(error is not None)
+        # The failed rank's errno goes to every rank, so that each one's error says
+        # what the filesystem said (a full or read-only folder is no rank's fault).
+        code = self.ranks.from_rank(failed_on, _errno_of(error)) if failed_on is not None else 0
         if error is not None:
             raise error
         if failed_on is not None:
+            why = f": [Errno {code}] {os.strerror(code)}" if code else ""
             raise CheckpointError(
-                f"the save of step {self.step} ({self.final}) failed on rank {failed_on} "
-                "(its log says why); it was not committed, the previous checkpoints stay"
+                f"the save of step {self.step} ({self.final}) failed on rank {failed_on}{why} "
+                "(its log says more); it was not committed, the previous checkpoints stay"
             )
         if self.local_copy is not None and self.ranks.from_rank0(int(fresh)):
             local.keep(self.data, self.local_copy, self.step, self.keep_last)
@@ -199,10 +203,28 @@ def _checked(save: _Save, run: Callable[[], Checkpoint]) -> Checkpoint:
         raise
     except BaseException as exc:
         how = "asynchronous save" if save.asynchronous else "save"
-        raise CheckpointError(
-            f"the {how} of step {save.step} ({save.final}) failed: {type(exc).__name__}: "
-            f"{exc}; it was not committed, the previous checkpoints stay"
+        raise CheckpointError(  # one line: a failure record keeps an error's last line
+            f"the {how} of step {save.step} ({save.final}) failed: {store.reason_of(exc)}; "
+            "it was not committed, the previous checkpoints stay"
         ) from exc
+
+
+def _errno_of(error: BaseException | None) -> int:
+    """The errno of the first OSError in ``error``, its causes and, for DCP's
+    CheckpointException, its ranks' errors; 0 when there is none."""
+    todo, seen = [error], set()
+    while todo:
+        exc = todo.pop(0)
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno:
+            return exc.errno
+        by_rank = getattr(exc, "failures", None)  # DCP: rank -> (exception, traceback)
+        if isinstance(by_rank, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in by_rank.values()]
+        todo += [exc.__cause__, exc.__context__]
+    return 0
 
 
 def wait() -> Checkpoint | None:

@@ -33,6 +33,7 @@ METADATA = ".metadata"  # what torch's distributed checkpoint writes last
 _NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
 _TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.(tmp|deleting)-[\w.-]+$")
 DAMAGED_SUFFIX = ".damaged"
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b.*")
 
 
 class CheckpointError(HpclaunchError):
@@ -50,6 +51,17 @@ class Checkpoint:
     @property
     def sharded(self) -> bool:
         return not self.path.name.endswith(".pt")
+
+
+def reason_of(error: BaseException) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the
+    error's text (DCP's holds every rank's traceback), else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if _ERROR_LINE.match(line)]
+    text = named[-1] if named else (lines[0] if lines else "")
+    if not text.startswith(type(error).__name__) and not named:
+        text = f"{type(error).__name__}: {text}"
+    return text[:300]
 
 
 def directory(folder: str | os.PathLike[str] | None = None) -> Path:
