@@ -58,6 +58,8 @@ def render_status(status: JobStatus) -> str:
         lines.append(f"  job folder:      {status.job_dir}")
     if status.batch_log:
         lines.append(f"  batch log:       {status.batch_log}")
+    if status.verdict and status.ended:
+        lines.append(f"  verdict:         {status.verdict}")
     for note in status.notes:
         lines.append(f"  note: {note}")
     if status.root_cause and status.job_state not in _NO_ROOT_CAUSE:

@@ -174,6 +174,8 @@ def follow_job(obj: CliContext, job_id: int, job_dir: Path | None, root_cause: b
         fail(exc)
     if root_cause and last.root_cause and last.job_state is not JobState.COMPLETED:
         click.echo(last.root_cause, err=True)
+    if root_cause and last.verdict and last.job_state is not JobState.COMPLETED:
+        click.echo(f"job {job_id}: {last.verdict}", err=True)
     return exit_status(last)
 
 

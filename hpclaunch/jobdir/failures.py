@@ -9,7 +9,8 @@ with the failed workers' ranks, exit codes and one-line messages (the last line 
 each traceback, else of the rank's stderr). When the job step has failed, the
 supervisor reads the records of its run and ``classify`` tells a bug in the script
 (the same error on every node) from bad nodes (errors of their own on some nodes,
-only symptoms of a lost peer on the others).
+only symptoms of a lost peer on the others), from a shared folder that cannot be
+written (no node is to blame), and from a hang (collectives that timed out).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpclaunch.jobdir.atomic import write_bytes_atomic
+from hpclaunch.jobdir.errortext import SharedFolder, StorageFault, storage_fault, timed_out
 from hpclaunch.jobdir.joblogs import Failure, describe_exit, traceback_of
 from hpclaunch.jobdir.layout import JobFolder
 
@@ -47,6 +49,12 @@ class WorkerFailure:
         """Whether this failure is the echo of another worker's (see SYMPTOMS)."""
         return self.exitcode == -signal.SIGTERM or bool(SYMPTOMS.search(self.message))
 
+    @property
+    def waited(self) -> bool:
+        """Whether this worker failed waiting for a peer that never answered (a
+        collective's timeout): the echo of a hang elsewhere, not an error of its own."""
+        return timed_out(self.message)
+
 
 @dataclass(frozen=True)
 class NodeRecord:
@@ -59,7 +67,7 @@ class NodeRecord:
 
     @property
     def own_errors(self) -> list[WorkerFailure]:
-        return [w for w in self.workers if not w.symptom]
+        return [w for w in self.workers if not w.symptom and not w.waited]
 
 
 def message_of(failure: Failure) -> str:
@@ -123,9 +131,29 @@ def read_block(job_dir: Path, requeue_count: int, node: str | None) -> str | Non
     return None
 
 
+def shared_folders(
+    job_dir: Path | str | None, checkpoint_dir: Path | str | None
+) -> tuple[SharedFolder, ...]:
+    """The folders every node of a job writes to: its checkpoint folder (first: it is
+    often inside the job folder) and its job folder."""
+    folders = []
+    if checkpoint_dir:
+        folders.append(SharedFolder("checkpoint folder", str(checkpoint_dir), "--checkpoint-dir"))
+    if job_dir:
+        folders.append(SharedFolder("job folder", str(job_dir), "--log-dir"))
+    return tuple(folders)
+
+
 def culprit(records: Sequence[NodeRecord], finding: Finding) -> str | None:
     """The node whose root-cause block tells the story: the first bad node, else the
-    node with the earliest error of its own."""
+    node with the earliest error of its own; for a shared folder that cannot be
+    written, the node that said so; None for a hang (every block there is a waiting
+    rank's, not the one that hung)."""
+    if finding.verdict is Verdict.HANG:
+        return None
+    if finding.verdict is Verdict.STORAGE:
+        said = [r for r in records if any(w.message == finding.message for w in r.workers)]
+        return min(said, key=lambda r: (r.attempt, r.time)).node if said else None
     if finding.nodes:
         return finding.nodes[0]
     own = [r for r in records if r.own_errors]
@@ -135,6 +163,8 @@ def culprit(records: Sequence[NodeRecord], finding: Finding) -> str | None:
 class Verdict(enum.Enum):
     BUG = "the same error on every node"
     BAD_NODES = "errors on some nodes only"
+    STORAGE = "a shared folder cannot be written"
+    HANG = "collectives timed out, waiting for a rank that hung"
     UNKNOWN = "no failure records"
 
 
@@ -142,24 +172,38 @@ class Verdict(enum.Enum):
 class Finding:
     verdict: Verdict
     nodes: tuple[str, ...] = ()  # the bad nodes (BAD_NODES)
-    message: str = ""  # the error (BUG), or the first bad node's
+    message: str = ""  # the error (BUG, STORAGE, HANG), or the first bad node's
+    storage: StorageFault | None = None  # the folder and its error (STORAGE)
 
 
-def classify(records: Sequence[NodeRecord], step_nodes: Sequence[str]) -> Finding:
+def classify(
+    records: Sequence[NodeRecord], step_nodes: Sequence[str], shared: Sequence[SharedFolder] = ()
+) -> Finding:
     """What the failure records of a failed step say.
 
-    A node *erred* when one of its workers failed with an error of its own (not a
-    symptom of a lost peer) in any attempt. Every node of the step erred: a bug in
-    the script. Some nodes erred: those are bad; the others saw only symptoms, or no
-    failure at all (torch's agent stops a node's workers for a new round before they
-    fail). A bug whose other records were lost (srun stopped their agents first) looks
-    like bad nodes once; the supervisor then sees the error follow its rank."""
+    A worker whose error names a storage error (no space, quota, read-only, permission)
+    on a path in one of the ``shared`` folders: the storage, not a node, and every
+    other failure follows from it. Otherwise a node *erred* when one of its workers
+    failed with an error of its own (not a symptom of a lost peer, nor a collective's
+    timeout) in any attempt. Every node of the step erred: a bug in the script. Some
+    nodes erred: those are bad; the others saw only symptoms, or no failure at all
+    (torch's agent stops a node's workers for a new round before they fail). None
+    erred, but collectives timed out: a hang (which rank hung, the records cannot
+    tell). A bug whose other records were lost (srun stopped their agents first)
+    looks like bad nodes once; the supervisor then sees the error follow its rank."""
+    ordered = sorted(records, key=lambda r: (r.attempt, r.time))
+    for record in ordered:
+        for worker in record.workers:
+            fault = storage_fault(worker.message, shared)
+            if fault is not None:
+                return Finding(Verdict.STORAGE, message=worker.message, storage=fault)
     erred: dict[str, list[str]] = {}
-    for record in sorted(records, key=lambda r: (r.attempt, r.time)):
+    for record in ordered:
         for worker in record.own_errors:
             erred.setdefault(record.node, []).append(worker.message)
     if not erred:
-        return Finding(Verdict.UNKNOWN)
+        waited = [w.message for r in ordered for w in r.workers if w.waited]
+        return Finding(Verdict.HANG, message=waited[0]) if waited else Finding(Verdict.UNKNOWN)
     first = next(iter(erred.values()))[0]
     if set(erred) >= set(step_nodes):
         return Finding(Verdict.BUG, message=first)

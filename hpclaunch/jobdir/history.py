@@ -28,6 +28,8 @@ class Reason(enum.Enum):
     OVER_BUDGET = "over the requeue budget"
     BAD_NODES = "bad nodes"  # some nodes' workers failed with errors of their own
     BUG = "the same error on every node"  # a bug in the script: no requeue helps
+    STORAGE = "shared folder not writable"  # full, over quota, read-only: no node is to blame
+    HANG = "hang"  # collectives timed out waiting for a rank; no node can be named yet
 
 
 class Action(enum.Enum):
@@ -63,6 +65,7 @@ class Run:
     action: str | None = None
     excluded: list[str] = field(default_factory=list)  # nodes kept out of the next run
     error: str | None = None  # the error the failure records showed
+    verdict: str | None = None  # why the job ended, for a person (storage, hang)
 
 
 @dataclass
@@ -152,9 +155,11 @@ def finish(
     first_signal: int | None,
     decision: Outcome,
     error: str | None = None,
+    verdict: str | None = None,
 ) -> None:
     """Record how ``run`` ended (``status`` None: no step ran)."""
     run.error = error
+    run.verdict = verdict
     run.ended = time.time()
     run.step_status = status
     run.first_signal = signal.Signals(first_signal).name if first_signal else None

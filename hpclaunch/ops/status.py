@@ -88,6 +88,7 @@ class JobStatus:
     checkpoint_dir: str | None = None
     last_save: str | None = None  # the newest save's times (hpclaunch.jobdir.saves)
     root_cause: str | None = None  # the latest run's root-cause block, if it failed
+    verdict: str | None = None  # why the latest run ended, where no node is to blame
     job_dir: str | None = None
     batch_log: str | None = None
     runs: list[RunSummary] = field(default_factory=list)
@@ -243,6 +244,7 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
             if run.error:
                 why += f": {run.error}"
             status.excluded += [Exclusion(node, why) for node in run.excluded]
+        status.verdict = history.runs[-1].verdict
     elif history is not None:
         status.notes.append(f"no history.json in {folder} yet (the job has not started)")
     found = JobFolder(folder).attempts()
@@ -261,7 +263,7 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
     if complete:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
     _saves(folder, ckpt_dir, history, status)
-    status.root_cause = root_cause(folder, status.runs)
+    status.root_cause = root_cause(folder, status.runs, ckpt_dir)
 
 
 def _saves(folder: Path, ckpt_dir: Path, history: History | None, status: JobStatus) -> None:
@@ -286,10 +288,12 @@ def _saves(folder: Path, ckpt_dir: Path, history: History | None, status: JobSta
         )
 
 
-def root_cause(folder: Path, runs: Sequence[RunSummary] = ()) -> str | None:
+def root_cause(
+    folder: Path, runs: Sequence[RunSummary] = (), checkpoint_dir: Path | None = None
+) -> str | None:
     """The root-cause block of the latest run that has one (of the latest of ``runs``
     only, when given): the culprit's, as the supervisor printed it (the first bad
-    node, else the earliest error of its own)."""
+    node, else the earliest error of its own; none for a hang)."""
     layout = JobFolder(folder)
     latest = max((r.requeue for r in runs), default=None)
     for requeue_count, _ in reversed(layout.failure_runs()):
@@ -299,8 +303,11 @@ def root_cause(folder: Path, runs: Sequence[RunSummary] = ()) -> str | None:
             continue
         records = failures.read(folder, requeue_count)
         nodes = next((r.nodes for r in runs if r.requeue == requeue_count), [])
-        node = failures.culprit(records, failures.classify(records, nodes))
-        block = failures.read_block(folder, requeue_count, node)
+        shared = failures.shared_folders(folder, checkpoint_dir)
+        finding = failures.classify(records, nodes, shared)
+        if finding.verdict is failures.Verdict.HANG:
+            return None  # every block is a waiting rank's; the verdict says it
+        block = failures.read_block(folder, requeue_count, failures.culprit(records, finding))
         if block is not None:
             return block.rstrip()
     return None

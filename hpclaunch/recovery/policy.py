@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hpclaunch.errors import ExitCode
 from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES
+from hpclaunch.jobdir.errortext import same_error
 from hpclaunch.jobdir.failures import Finding, Verdict
 
 # The words of a decision are those the history stores; importers of the policy get them here.
@@ -56,13 +57,18 @@ STOPPED_STATUSES = frozenset(128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_
                                                         signal.SIGKILL))  # fmt: skip
 
 
+# Verdicts of the failure records that end the job, and the reason recorded.
+_ENDING = {Verdict.STORAGE: Reason.STORAGE, Verdict.HANG: Reason.HANG, Verdict.BUG: Reason.BUG}
+
+
 def decide(s: Situation) -> Decision:
     """The policy. A job ``hpclaunch cancel`` ended is never requeued; SLURM's own
     requeues are left to SLURM; a step stopped by the
     time-limit warning leads to one requeue by the supervisor while the budget lasts;
     cancellations end the job; a step that failed by itself is requeued without its
     bad nodes while both budgets last, and ends the job when the failure records show
-    a bug (or say nothing)."""
+    a bug, a shared folder that cannot be written (no node is to blame, and a requeue
+    would fail the same way), a hang (no node can be named yet), or say nothing."""
     if s.cancelled:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
     if s.slurm_restarts is not None and s.slurm_restarts > s.requeue_count:
@@ -76,12 +82,13 @@ def decide(s: Situation) -> Decision:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
     if s.status == 0:
         return Decision(Action.NONE, Reason.COMPLETED, 0)
-    if s.finding is not None and s.finding.verdict is Verdict.BUG:
-        return Decision(Action.NONE, Reason.BUG, s.status)
+    verdict = s.finding.verdict if s.finding is not None else None
+    if verdict in _ENDING:
+        return Decision(Action.NONE, _ENDING[verdict], s.status)
     if (
         s.finding is not None
         and s.finding.verdict is Verdict.BAD_NODES
-        and s.finding.message in s.earlier_errors
+        and same_error(s.finding.message, s.earlier_errors)
     ):
         # The error followed its rank onto other nodes: the script, not the node.
         return Decision(Action.NONE, Reason.BUG, s.status)

@@ -29,6 +29,7 @@ from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
+from hpclaunch.recovery import verdicts
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import job_nodes
 
@@ -181,6 +182,7 @@ class Supervisor:
             self.history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or self.history.checkpoint_dir
         self.run = self.history.start(env, self.requeue_count) if self.history else None
         self.finding: failures.Finding | None = None
+        self.verdict: str | None = None  # the message for a person, when no node is to blame
         self._lost: tuple[str, ...] | None = None  # kept out after SLURM's requeue, once
 
     def check_saves(self, signal_lead_s: float) -> None:
@@ -221,13 +223,7 @@ class Supervisor:
         """Decide what follows the step, act on it, record it; the exit status."""
         restarts = _slurm_restarts(self.slurm, self.job_id) if result.signals else None
         if result.status != 0 and not result.signals and self.job_dir is not None:
-            records = failures.read(self.job_dir, self.requeue_count)
-            self.finding = failures.classify(records, job_nodes(self.env))
-            _print_root_cause(
-                self.job_dir, self.requeue_count, failures.culprit(records, self.finding)
-            )
-            log.info("supervisor: failure records: %s %s", self.finding.verdict.value,
-                     " ".join(self.finding.nodes))  # fmt: skip
+            self._examine(self.job_dir)
         history = self.history
         decision = requeue.decide(
             requeue.Situation(
@@ -240,6 +236,20 @@ class Supervisor:
         decision = self._act(decision)
         self._record(result.status, result.first_signal, decision)
         return decision.exit_status
+
+    def _examine(self, job_dir: Path) -> None:
+        """Read the failure records (and test the shared folders) of a step that failed
+        by itself: print the root cause, and the verdict where no node is to blame."""
+        records = failures.read(job_dir, self.requeue_count)
+        shared = verdicts.shared(self.env, job_dir)
+        self.finding = verdicts.examine(records, job_nodes(self.env), shared)
+        if self.finding.verdict is not failures.Verdict.HANG:  # a waiter's block misleads
+            _print_root_cause(job_dir, self.requeue_count, failures.culprit(records, self.finding))
+        log.info("supervisor: failure records: %s %s", self.finding.verdict.value,
+                 " ".join(self.finding.nodes))  # fmt: skip
+        self.verdict = verdicts.explain(self.finding, self.job_id, job_dir)
+        if self.verdict is not None:
+            log.error("supervisor: %s", self.verdict)
 
     def _act(self, decision: requeue.Decision) -> requeue.Decision:
         """Carry ``decision`` out; the decision as it ended (a refused requeue fails)."""
@@ -282,7 +292,7 @@ class Supervisor:
         error = self.finding.message if self.finding is not None and self.finding.message else None
         if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
             error = f"node lost ({', '.join(d.exclude)} down or not responding)"
-        finish(self.run, status, first_signal, d, error)
+        finish(self.run, status, first_signal, d, error, self.verdict)
         self.history.save(self.job_dir)
 
 

@@ -1,0 +1,144 @@
+"""What a worker's one-line error message says, read the same way everywhere it is
+read: ``normalise`` for comparing two messages (what differs from run to run is
+masked), ``storage_fault`` for a filesystem that refused a shared folder,
+``timed_out`` for a collective that waited in vain. Pure: strings in, strings out.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Masks for what varies from run to run, applied in this order (a later pattern must
+# not see the digits an earlier one removed; no placeholder holds a digit).
+_VARYING: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), placeholder)
+    for pattern, placeholder in (
+        # dates and times: 2026-11-24T17:25:49.5+01:00, 2026-11-24_17:25:49, 17:25:49.509
+        (r"\d{4}-\d{2}-\d{2}(?:[T _]\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?)?"
+         r"(?:Z|[+-]\d{2}:?\d{2}\b)?", "<time>"),
+        (r"(?<![\w:.])\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?![\w:])", "<time>"),
+        # UUIDs (torch's run ids, in temporary names), with - or _
+        (r"(?i)\b[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}\b",
+         "<id>"),
+        # IPv6, bracketed or bare (needs a '::' or all eight groups), maybe with a port
+        (r"\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d+)?", "<addr>"),
+        (r"(?<![\w:.])(?=[0-9A-Fa-f:]*::|(?:[0-9A-Fa-f]{1,4}:){7})[0-9A-Fa-f:]{2,39}"
+         r"(?:\.\d{1,3}){0,4}(?![\w:])", "<addr>"),
+        # IPv4, maybe with a port
+        (r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?(?![\w.])", "<addr>"),
+        # host:port (a name, a colon, a port number)
+        (r"(?<![\w.-])[A-Za-z][\w.-]*:\d{2,5}\b", "<addr>"),
+        # pointers and other hex: 0x7f3a..., digests and ids of 8 or more hex digits
+        (r"(?i)\b0x[0-9a-f]+\b", "<hex>"),
+        (r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", "<hex>"),
+        # any other number (pids, ports, sizes, durations with their unit: 3000ms,
+        # steps); digits that end a name (n2, rank0, cuda0) are the name's
+        (r"(?<![A-Za-z_\d])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "<n>"),
+    )
+)  # fmt: skip
+_SPACE = re.compile(r"\s+")
+
+
+def normalise(message: str) -> str:
+    """``message`` with what differs between runs of the same error masked: pids,
+    ports, addresses (IPv4, IPv6, host:port), pointers and other hex ids, dates and
+    times, and every other number that stands alone. Two messages are the same
+    error when their normal forms are equal."""
+    text = message
+    for pattern, placeholder in _VARYING:
+        text = pattern.sub(placeholder, text)
+    return _SPACE.sub(" ", text).strip()
+
+
+def same_error(message: str, others: Iterable[str]) -> bool:
+    """Whether ``message`` is one of ``others``, compared as ``normalise`` says."""
+    mine = normalise(message)
+    return any(normalise(other) == mine for other in others)
+
+
+class StorageErrno(enum.Enum):
+    """The errors of a filesystem that refuses to take a job's files, by the words
+    ``strerror`` gives them on Linux (what Python's OSError and the C libraries print)."""
+
+    ENOSPC = "No space left on device"
+    EDQUOT = "Disk quota exceeded"
+    EROFS = "Read-only file system"
+    EACCES = "Permission denied"
+
+    @property
+    def fix(self) -> str:
+        """What a user does about it, for a folder named after this text."""
+        return {
+            StorageErrno.ENOSPC: "free space on its filesystem",
+            StorageErrno.EDQUOT: "free space or ask for a larger quota on its filesystem "
+            "(`quota`, or `lfs quota` on Lustre, says how much is used)",
+            StorageErrno.EROFS: "its filesystem is mounted read-only: ask your cluster's "
+            "administrators to make it writable",
+            StorageErrno.EACCES: "make it writable for the job's user (`ls -ld` shows who owns it)",
+        }[self]
+
+
+_STORAGE = re.compile("|".join(re.escape(e.value) for e in StorageErrno), re.IGNORECASE)
+_BY_TEXT = {e.value.lower(): e for e in StorageErrno}
+
+
+def storage_errno(message: str) -> StorageErrno | None:
+    """The first storage error ``message`` names, if any."""
+    found = _STORAGE.search(message)
+    return _BY_TEXT[found.group(0).lower()] if found else None
+
+
+@dataclass(frozen=True)
+class SharedFolder:
+    """A folder every node of the job writes to, on a shared filesystem."""
+
+    role: str  # "checkpoint folder", "job folder"
+    path: str
+    option: str  # the sbatch option that chooses it
+
+    def named_in(self, message: str) -> bool:
+        """Whether ``message`` names this folder or a path inside it (as given, or
+        with symbolic links resolved)."""
+        forms = {os.path.normpath(self.path), os.path.realpath(self.path)}
+        return any(
+            re.search(re.escape(form.rstrip("/")) + r"(?![^/\s'\"),;:\]])", message)
+            for form in forms
+            if form.rstrip("/")
+        )
+
+
+@dataclass(frozen=True)
+class StorageFault:
+    folder: SharedFolder
+    errno: StorageErrno
+
+
+def storage_fault(message: str, folders: Iterable[SharedFolder]) -> StorageFault | None:
+    """The shared folder ``message`` says a filesystem refused, and how; None when it
+    names no storage error, or no path in these folders (a node's own disk, /tmp or
+    /dev/shm full, is that node's problem)."""
+    errno = storage_errno(message)
+    if errno is None:
+        return None
+    named = next((folder for folder in folders if folder.named_in(message)), None)
+    return StorageFault(named, errno) if named is not None else None
+
+
+# A collective, or the store, that waited for a peer until its timeout: gloo, NCCL's
+# watchdog, the c10d store, torch's monitored barrier.
+_TIMED_OUT = re.compile(
+    r"Timed out waiting \d+ ?ms for (?:send|recv)|Watchdog caught collective operation timeout"
+    r"|wait timeout after \d+ ?ms|failed to pass monitoredBarrier|timed out after \d+ ?ms"
+    r"|Timed out waiting \d+ ?ms",
+    re.IGNORECASE,
+)
+
+
+def timed_out(message: str) -> bool:
+    """Whether ``message`` is a collective's (or the store's) timeout: the rank waited
+    for a peer that never answered, the mark of a hang elsewhere."""
+    return bool(_TIMED_OUT.search(message))
