@@ -153,7 +153,7 @@ def culprit(records: Sequence[NodeRecord], finding: Finding) -> str | None:
         return None
     if finding.verdict is Verdict.STORAGE:
         said = [r for r in records if any(w.message == finding.message for w in r.workers)]
-        return min(said, key=lambda r: (r.attempt, r.time)).node if said else None
+        return min(said, key=lambda r: (r.attempt, r.node_rank)).node if said else None
     if finding.nodes:
         return finding.nodes[0]
     own = [r for r in records if r.own_errors]
@@ -192,11 +192,15 @@ def classify(
     tell). A bug whose other records were lost (srun stopped their agents first)
     looks like bad nodes once; the supervisor then sees the error follow its rank."""
     ordered = sorted(records, key=lambda r: (r.attempt, r.time))
-    for record in ordered:
-        for worker in record.workers:
-            fault = storage_fault(worker.message, shared)
-            if fault is not None:
-                return Finding(Verdict.STORAGE, message=worker.message, storage=fault)
+    # The first attempt's lowest rank that said it: with one writer, rank 0 has the
+    # filesystem's own words; the others echo them.
+    said = sorted(
+        ((r.attempt, w.rank, w.message, fault) for r in ordered for w in r.workers
+         if (fault := storage_fault(w.message, shared)) is not None),
+        key=lambda found: found[:2],
+    )  # fmt: skip
+    if said:
+        return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3])
     erred: dict[str, list[str]] = {}
     for record in ordered:
         for worker in record.own_errors:
