@@ -292,7 +292,8 @@ class Supervisor:
         error = self.finding.message if self.finding is not None and self.finding.message else None
         if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
             error = f"node lost ({', '.join(d.exclude)} down or not responding)"
-        finish(self.run, status, first_signal, d, error, self.verdict)
+        verdict = self.verdict if d.reason in verdicts.REASONS else None
+        finish(self.run, status, first_signal, d, error, verdict)
         self.history.save(self.job_dir)
 
 

@@ -14,9 +14,12 @@ from pathlib import Path
 from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.errortext import SharedFolder, StorageErrno, StorageFault
 from hpclaunch.jobdir.failures import Finding, NodeRecord, Verdict
+from hpclaunch.jobdir.history import Reason
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR
 
+# The reasons a job ends with a verdict (``explain``) in its history.
+REASONS = frozenset({Reason.STORAGE, Reason.HANG})
 # A test write this large is refused by a filesystem with no block left.
 _PROBE_BYTES = 4096
 _PROBED = {getattr(errnos, e.name): e for e in StorageErrno}
