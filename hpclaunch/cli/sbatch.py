@@ -61,6 +61,13 @@ if TYPE_CHECKING:
     help="HPCLAUNCH_CHECKPOINT_DIR for workers. [default: LOG_DIR/JOBID/checkpoints]",
 )
 @click.option(
+    "--adopt-checkpoints",
+    is_flag=True,
+    default=None,
+    help="Continue from the checkpoints an ended job left in --checkpoint-dir "
+    "(without it, such a folder is refused).",
+)
+@click.option(
     "--max-restarts",
     type=int,
     help=f"In-place worker-group restarts per node. [default: {DEFAULT_MAX_RESTARTS}]",
@@ -240,6 +247,13 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
     from hpclaunch.ops import registry
     from hpclaunch.slurm.submit import submit
 
+    if spec.checkpoint_dir is not None:
+        from hpclaunch.checkpoint.claim import check_submit
+        from hpclaunch.checkpoint.sharing import CLI_FLAG, dependency_of
+
+        check_submit(obj.cwd / spec.checkpoint_dir, adopt=spec.adopt_checkpoints,
+                     dependency=dependency_of(spec.sbatch_options),
+                     name=spec.effective_job_name, slurm=obj.slurm, flag=CLI_FLAG)  # fmt: skip
     done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
     problem = registry.note(obj.env, done.job_id, done.job_dir, spec.effective_job_name,
                             obj.cwd, done.cluster)  # fmt: skip

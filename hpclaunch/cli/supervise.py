@@ -44,6 +44,7 @@ def supervise(obj: CliContext, /, step: tuple[str, ...], values: Mapping[str, An
             step, env=obj.env, slurm=obj.slurm, job_dir=settings.job_dir,
             max_requeues=settings.max_requeues, grace_s=settings.grace_period_s,
             max_failure_requeues=settings.max_failure_requeues,
+            adopt_checkpoints=settings.adopt_checkpoints,
         )  # fmt: skip
     except HpclaunchError as exc:
         fail(exc)

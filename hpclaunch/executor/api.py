@@ -85,6 +85,8 @@ class _SlurmBackend(SlurmExecutor):
         before anything is written or submitted."""
         spec = self.job_spec()
         text = render(spec)
+        if spec.checkpoint_dir is not None:
+            _check_checkpoints(Path.cwd() / spec.checkpoint_dir, spec, self.array)
         _make_folder(Path(spec.log_dir), "log_dir")
         self._text = text
 
@@ -128,6 +130,8 @@ class _LocalBackend(LocalExecutor):
     def prepare(self) -> None:
         spec = self._spec()
         settings = LocalSettings.of(spec, Path.cwd())
+        if settings.checkpoint_dir is not None:
+            _check_checkpoints(Path(settings.checkpoint_dir), spec, None)
         _make_folder(Path(settings.log_dir), "log_dir")
         if settings.checkpoint_dir is not None:
             _make_folder(Path(settings.checkpoint_dir), "checkpoint_dir")
@@ -188,6 +192,26 @@ def _make_folder(path: Path, name: str) -> None:
             f"executor's folder) cannot be created: {exc.strerror or exc}; give a folder "
             "this user can write, on a filesystem the nodes share"
         ) from None
+
+
+def _check_checkpoints(folder: Path, spec: JobSpec, array: tuple[int, int | None] | None) -> None:
+    """Refuse a checkpoint folder another job uses, or one with checkpoints this job
+    was not told to continue from (hpclaunch.checkpoint.sharing), and one folder for
+    the jobs of a map_array. Raises ExecutorError, FolderTaken."""
+    from hpclaunch.checkpoint.claim import check_submit
+    from hpclaunch.checkpoint.sharing import EXECUTOR_FLAG, dependency_of
+    from hpclaunch.slurm.commands import Slurm
+
+    if array is not None:
+        raise ExecutorError(
+            f"checkpoint_dir {str(folder)!r} (from update_parameters or a profile) would be "
+            f"shared by the {array[0]} jobs of this map_array, which would train on each "
+            "other's checkpoints; leave checkpoint_dir out (each job then gets its own "
+            "folder), or submit the jobs one by one with a folder each"
+        )
+    dependency = dependency_of(spec.sbatch_options)
+    check_submit(folder, adopt=spec.adopt_checkpoints, dependency=dependency,
+                 name=spec.effective_job_name, slurm=Slurm(), flag=EXECUTOR_FLAG)  # fmt: skip
 
 
 def _submit_pickled(

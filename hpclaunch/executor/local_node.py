@@ -47,6 +47,22 @@ def _requeues(job: JobFolder) -> int:
         return 0
 
 
+def _claim_checkpoints(folder: Path, job_id: int, settings: LocalSettings) -> int | None:
+    """Take the checkpoint folder for this job, as the supervisor does on SLURM: None
+    when it is this job's now, else the exit status (why is logged)."""
+    from hpclaunch.checkpoint import claim
+    from hpclaunch.errors import HpclaunchError
+    from hpclaunch.slurm.commands import Slurm
+
+    me = claim.local_job(str(job_id))
+    try:
+        claim.take(folder, me, adopt=settings.adopt_checkpoints, slurm=Slurm())
+    except HpclaunchError as exc:
+        log.error("%s", exc)
+        return int(exc.exit_code)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from hpclaunch.executor.params import WORKER_MODULE
     from hpclaunch.node import agent, options
@@ -87,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         JOB_DIR_VAR: str(job_dir),
         checkpoint.ENV_VAR: settings.checkpoint_dir or str(job.checkpoints),
     })  # fmt: skip
+    refused = _claim_checkpoints(Path(os.environ[checkpoint.ENV_VAR]), job_id, settings)
+    if refused is not None:
+        settings_path.unlink(missing_ok=True)
+        return refused
     launch = options.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
     status = agent.launch(ctx, opts, launch, os.environ)
     if status == 128 + TIME_LIMIT_SIGNAL:

@@ -27,6 +27,7 @@ class LocalSettings:
     log_dir: str
     checkpoint_dir: str | None
     env: dict[str, str]
+    adopt_checkpoints: bool = False
 
     @classmethod
     def of(cls, spec: JobSpec, cwd: Path) -> LocalSettings:
@@ -40,7 +41,7 @@ class LocalSettings:
             max_requeues=min(spec.max_requeues, CONTROLLER_MAX_RUNS - 1),
             grace_period_s=spec.agent_grace_s, log_dir=absolute(spec.log_dir),
             checkpoint_dir=absolute(spec.checkpoint_dir) if spec.checkpoint_dir else None,
-            env=env,
+            env=env, adopt_checkpoints=spec.adopt_checkpoints,
         )  # fmt: skip
 
     def write(self, path: Path) -> None:

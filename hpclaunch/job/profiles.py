@@ -126,6 +126,7 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "job_name": ("job_name", _STR),
     "log_dir": ("log_dir", _STR),
     "checkpoint_dir": ("checkpoint_dir", _STR),
+    "adopt_checkpoints": ("adopt_checkpoints", _expect(bool, "true or false")),
     "max_restarts": ("max_restarts", _INT),
     "max_requeues": ("max_requeues", _INT),
     "max_failure_requeues": ("max_failure_requeues", _INT),

@@ -156,6 +156,9 @@ class JobSpec:
     job_name: str | None = None
     log_dir: str = DEFAULT_LOG_DIR
     checkpoint_dir: str | None = None
+    # Continue from the checkpoints an ended job left in checkpoint_dir (see
+    # hpclaunch.checkpoint.sharing); without it such a folder is refused.
+    adopt_checkpoints: bool = False
     max_restarts: int = DEFAULT_MAX_RESTARTS
     max_requeues: int = DEFAULT_MAX_REQUEUES
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES

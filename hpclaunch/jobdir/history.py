@@ -30,6 +30,9 @@ class Reason(enum.Enum):
     BUG = "the same error on every node"  # a bug in the script: no requeue helps
     STORAGE = "shared folder not writable"  # full, over quota, read-only: no node is to blame
     HANG = "hang"  # collectives timed out waiting for a rank; no node can be named yet
+    # Another job's checkpoint folder, or one with checkpoints this job was not told to
+    # continue from (hpclaunch.checkpoint.sharing): no step ran.
+    FOLDER_REFUSED = "checkpoint folder refused"
 
 
 class Action(enum.Enum):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpclaunch.job.contract import Folder, Number, Script, setting, to_argv
+from hpclaunch.job.contract import Flag, Folder, Number, Script, setting, to_argv
 from hpclaunch.job.spec import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
@@ -40,6 +40,10 @@ class SupervisorSettings:
         DEFAULT_MAX_FAILURE_REQUEUES, "--max-failure-requeues", Number(int, min=0),
         "Requeues without bad nodes the job gets (preemptions and time limits do not count).",
     )  # fmt: skip
+    adopt_checkpoints: bool = setting(
+        False, "--adopt-checkpoints", Flag(),
+        "Continue from the checkpoints an ended job left in HPCLAUNCH_CHECKPOINT_DIR.",
+    )  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> SupervisorSettings:
@@ -49,6 +53,7 @@ class SupervisorSettings:
             max_requeues=spec.max_requeues,
             grace_period_s=spec.signal_lead_s,
             max_failure_requeues=spec.max_failure_requeues,
+            adopt_checkpoints=spec.adopt_checkpoints,
         )
 
     def to_argv(self) -> list[str]:

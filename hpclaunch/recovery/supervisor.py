@@ -150,11 +150,16 @@ def supervise(
     max_requeues: int,
     grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES,
+    adopt_checkpoints: bool = False,
 ) -> int:
-    """The batch step: run the step, then requeue, give up or end as the policy says.
-    Returns the supervisor's exit status. Raises StepNotFound, HistoryError."""
+    """The batch step: take the checkpoint folder, run the step, then requeue, give up
+    or end as the policy says. Returns the supervisor's exit status. Raises
+    StepNotFound, HistoryError."""
     with forwarding() as forwarder:
         run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues)
+        refused = run.claim_checkpoints(adopt_checkpoints)
+        if refused is not None:
+            return refused
         run.check_saves(signal_lead_s=grace_s)
         gave_up = run.before_step()
         if gave_up is not None:
@@ -195,6 +200,25 @@ class Supervisor:
         warning = saves.lead_warning(slowest, signal_lead_s) if slowest else None
         if warning:
             log.warning("supervisor: %s", warning)
+
+    def claim_checkpoints(self, adopt: bool) -> int | None:
+        """Take HPCLAUNCH_CHECKPOINT_DIR for this job before any step: None when it is
+        the job's now; else the exit status, with why logged and recorded."""
+        from hpclaunch.checkpoint import claim
+
+        folder = self.env.get(CHECKPOINT_DIR_VAR)
+        try:
+            if folder:
+                claim.take(Path(folder), claim.slurm_job(self.env), adopt=adopt, slurm=self.slurm)
+        except HpclaunchError as exc:
+            log.error("supervisor: %s", exc)
+            reason = requeue.Reason.FOLDER_REFUSED
+            refused = requeue.Decision(requeue.Action.NONE, reason, int(exc.exit_code))
+            if self.history is not None and self.run is not None and self.job_dir is not None:
+                finish(self.run, None, None, refused, str(exc))
+                self.history.save(self.job_dir)
+            return refused.exit_status
+        return None
 
     def before_step(self) -> int | None:
         """The exit status when the requeue budget is already spent, else None (the

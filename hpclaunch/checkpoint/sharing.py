@@ -1,0 +1,200 @@
+"""Who may use a checkpoint folder: one job at a time, and a later job only on purpose.
+
+Two jobs in one folder train on each other's state: each resumes from the other's
+newest checkpoint and prunes its own. The folder's marker (``hpclaunch.checkpoint.
+owner``) names the job that uses it; ``decide`` is the pure rule a job is judged by,
+when it is submitted and when it starts:
+
+- the marker names this job (a requeue, a restart): it is the job's own;
+- the marker names another job that is still active (pending, running, requeued,
+  suspended), or whose state nobody can tell: refused. At submit a job that waits
+  for that one (``--dependency=afterany:ID``, ``afterok``, ``afternotok``, or
+  ``singleton`` with its name) is accepted, since it can start only once the other
+  has ended; it must also say that it continues from the checkpoints left;
+- no committed checkpoint in the folder: taken;
+- committed checkpoints of an ended job, or of no job hpclaunch knows (no marker: an
+  older hpclaunch, or copied in by hand): taken only with ``adopt_checkpoints``.
+
+No I/O: every input is a plain value.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hpclaunch.checkpoint.owner import Owner
+
+# How the flag is spelled where the message is read.
+CLI_FLAG = "--adopt-checkpoints"
+EXECUTOR_FLAG = "adopt_checkpoints=True"
+ANY_FLAG = f"{CLI_FLAG} (hpclaunch.Executor: {EXECUTOR_FLAG})"
+# Dependency types after which the holder has ended ("after" is after it *started*).
+_ENDED_AFTER = ("afterany", "afterok", "afternotok")
+
+
+class Stage(enum.Enum):
+    SUBMIT = "submit"
+    START = "start"
+
+
+class Liveness(enum.Enum):
+    """What is known of the job a marker names."""
+
+    ACTIVE = "active"  # pending, running, requeued, suspended, completing
+    ENDED = "ended"
+    UNKNOWN = "unknown"  # SLURM cannot be asked, or the process is on another host
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The marker's job and its liveness; ``detail`` says why (``RUNNING``, ``SLURM
+    no longer knows the job``, the error of a controller that did not answer)."""
+
+    owner: Owner
+    liveness: Liveness
+    detail: str
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What a job is judged on. ``me`` is None at submit (no job id yet)."""
+
+    folder: str
+    stage: Stage
+    marker: Owner | None
+    holder: Holder | None  # the marker's job, unless it is ``me`` or there is none
+    latest_step: int | None  # the newest committed checkpoint in the folder
+    adopt: bool
+    me: Owner | None = None
+    dependency: str | None = None  # sbatch's --dependency, at submit
+    name: str | None = None  # this job's name and user (singleton)
+    user: str | None = None
+    flag: str = ANY_FLAG
+
+
+class Verdict(enum.Enum):
+    OWN = "own"  # the marker names this job
+    FREE = "free"  # no checkpoint to resume from
+    ADOPT = "adopt"  # continues from an ended job's checkpoints, as asked
+    QUEUED = "queued"  # waits for the holder (a dependency), and adopts after it
+    IN_USE = "in use"
+    UNKNOWN = "cannot tell"
+    LEFT = "left by an ended job"
+    UNMARKED = "checkpoints of no known job"
+    QUEUED_UNASKED = "would continue after the holder without saying so"
+
+    @property
+    def allowed(self) -> bool:
+        return self in (Verdict.OWN, Verdict.FREE, Verdict.ADOPT, Verdict.QUEUED)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    message: str  # what the user reads: the folder, the job, the fix
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict.allowed
+
+
+def waits_for(dependency: str | None, holder: Owner, name: str | None, user: str | None) -> bool:
+    """Whether sbatch's ``--dependency`` lets the job start only after ``holder`` has
+    ended: ``afterany``/``afterok``/``afternotok`` naming its id, or ``singleton``
+    with its name and user. A list joined by ``?`` (any one suffices) never does."""
+    if not dependency or "?" in dependency:
+        return False
+    for part in dependency.split(","):
+        kind, _, ids = part.strip().partition(":")
+        if kind == "singleton" and holder.job_name == name and holder.user == user:
+            return True
+        if kind in _ENDED_AFTER and holder.job_id in {i.split("+")[0] for i in ids.split(":")}:
+            return True
+    return False
+
+
+def dependency_of(options: Sequence[tuple[str, str | None]]) -> str | None:
+    """The ``dependency`` among extra sbatch options (``--sbatch-option``), if any."""
+    found = [value for key, value in options if key in ("dependency", "d")]
+    return found[-1] if found else None
+
+
+def decide(s: Situation) -> Decision:
+    """Whether the job may use the folder, and the message that says so."""
+    marker, holder = s.marker, s.holder
+    if marker is not None and s.me is not None and marker.same_job(s.me):
+        return Decision(Verdict.OWN, f"checkpoint folder {s.folder} is this job's own")
+    if holder is not None and holder.liveness is not Liveness.ENDED:
+        if s.stage is Stage.SUBMIT and waits_for(s.dependency, holder.owner, s.name, s.user):
+            if s.adopt:
+                return Decision(Verdict.QUEUED, f"checkpoint folder {s.folder}: this job "
+                                f"waits for {holder.owner.describe()} and continues from its "
+                                "checkpoints")  # fmt: skip
+            return Decision(Verdict.QUEUED_UNASKED, _queued_unasked(s, holder))
+        if holder.liveness is Liveness.UNKNOWN:
+            return Decision(Verdict.UNKNOWN, _unknown(s, holder))
+        return Decision(Verdict.IN_USE, _in_use(s, holder))
+    if s.latest_step is None:
+        return Decision(Verdict.FREE, f"checkpoint folder {s.folder} holds no checkpoint")
+    if s.adopt:
+        return Decision(Verdict.ADOPT, f"checkpoint folder {s.folder}: continuing from "
+                        f"step {s.latest_step}, left by {_leaver(marker)}, as "
+                        f"{s.flag} asks")  # fmt: skip
+    if holder is None:
+        return Decision(Verdict.UNMARKED, _left(s, "that no hpclaunch job marked as its own "
+                        "(an older hpclaunch wrote them, or they were copied in)"))  # fmt: skip
+    return Decision(Verdict.LEFT, _left(s, f"left by {holder.owner.describe()}, which has "
+                    f"ended ({holder.detail})"))  # fmt: skip
+
+
+def _leaver(marker: Owner | None) -> str:
+    return marker.describe() if marker is not None else "no job hpclaunch knows"
+
+
+def _again(s: Situation) -> str:
+    """How a fix begins: at start the job is over, and only a new submission helps."""
+    if s.stage is Stage.START:
+        return "This job ends without training; submit it again"
+    return "Submit it"
+
+
+def _in_use(s: Situation, holder: Holder) -> str:
+    job = holder.owner
+    queue = (
+        f", or make it wait for that job (sbatch's dependency=afterany:{job.job_id}) with "
+        f"{s.flag}"
+        if s.stage is Stage.SUBMIT else ""
+    )  # fmt: skip
+    return (
+        f"checkpoint folder {s.folder} is in use by {job.describe()}, which is "
+        f"{holder.detail}: two jobs in one folder would train on each other's checkpoints. "
+        f"{_again(s)} with another --checkpoint-dir, or once job {job.job_id} has ended "
+        f"(scancel {job.job_id} ends it now) with {s.flag} to continue from its "
+        f"checkpoints{queue}"
+    )
+
+
+def _unknown(s: Situation, holder: Holder) -> str:
+    return (
+        f"checkpoint folder {s.folder} is marked as used by {holder.owner.describe()}, and "
+        f"whether that job still runs cannot be told ({holder.detail}); refusing rather "
+        f"than guessing. {_again(s)} once it can be told, or with another --checkpoint-dir"
+    )
+
+
+def _queued_unasked(s: Situation, holder: Holder) -> str:
+    return (
+        f"checkpoint folder {s.folder} is in use by {holder.owner.describe()}, and this job "
+        "waits for it (its dependency): it would then start from the checkpoints that job "
+        f"leaves. Say so with {s.flag}, or give this job another --checkpoint-dir"
+    )
+
+
+def _left(s: Situation, whose: str) -> str:
+    return (
+        f"checkpoint folder {s.folder} holds checkpoints up to step {s.latest_step} {whose}; "
+        f"this job would start from them. {_again(s)} with {s.flag} to continue from them "
+        "on purpose, or with another --checkpoint-dir to start afresh"
+    )
