@@ -31,8 +31,12 @@ TRAIN = EXAMPLES / "train_fsdp.py"
 STEPS = ("--steps", "30", "--checkpoint-every", "5", "--step-time", "0.15")
 
 
-def submit(sandbox: Running, folder: Path, *args: str, checkpoint_dir: Path | None = None) -> Job:
-    return submit_script(sandbox, folder, TRAIN, *STEPS, *args, checkpoint_dir=checkpoint_dir)
+def submit(
+    sandbox: Running, folder: Path, *args: str, checkpoint_dir: Path | None = None,
+    options: tuple[str, ...] = (),
+) -> Job:  # fmt: skip
+    return submit_script(sandbox, folder, TRAIN, *STEPS, *args, checkpoint_dir=checkpoint_dir,
+                         options=options)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +151,9 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_previous_one_used(
     size = shard.stat().st_size
     os.truncate(shard, size // 2)
 
-    again = submit(sandbox, tmp_path / "again", checkpoint_dir=folder)
+    # The first job's folder, on purpose.
+    again = submit(sandbox, tmp_path / "again", checkpoint_dir=folder,
+                   options=("--adopt-checkpoints",))  # fmt: skip
     assert again.wait_end() == "COMPLETED", again.log
     assert f"hpclaunch checkpoint: {latest} cannot be loaded" in again.log
     assert f"hpclaunch checkpoint: {latest} failed to load" in again.log
