@@ -6,7 +6,6 @@ of the job it names, and the rule (``hpclaunch.checkpoint.sharing``). No torch.
 from __future__ import annotations
 
 import getpass
-import logging
 import socket
 import time
 from collections.abc import Mapping
@@ -17,11 +16,12 @@ from hpclaunch.checkpoint import owner as marker
 from hpclaunch.checkpoint import store
 from hpclaunch.checkpoint.owner import Kind, MarkerError, Owner
 from hpclaunch.checkpoint.sharing import (
-    ANY_FLAG,
+    ANYWHERE,
     Decision,
     Holder,
     Liveness,
     Situation,
+    Spelling,
     Stage,
     Verdict,
     decide,
@@ -32,7 +32,6 @@ from hpclaunch.slurm.states import JobState
 if TYPE_CHECKING:
     from hpclaunch.slurm.commands import JobLookup, Slurm
 
-log = logging.getLogger(__name__)
 # How long a holder that SLURM says is COMPLETING is waited for: SLURM starts a job
 # that waits for it (--dependency=afterany) while it is still completing.
 COMPLETING_WAIT_S = 60.0
@@ -133,7 +132,7 @@ def _latest(folder: Path) -> int | None:
 
 def check_submit(
     folder: Path, *, adopt: bool, dependency: str | None, name: str | None,
-    slurm: Slurm | None, flag: str = ANY_FLAG,
+    slurm: Slurm | None, spell: Spelling = ANYWHERE,
 ) -> Decision:  # fmt: skip
     """Whether a job about to be submitted may use ``folder`` (see sharing.decide).
     Writes nothing. Raises FolderTaken, MarkerError."""
@@ -141,7 +140,7 @@ def check_submit(
     held = holder(owner, slurm) if owner is not None else None
     decision = decide(Situation(
         str(folder), Stage.SUBMIT, owner, held, _latest(folder), adopt,
-        dependency=dependency, name=name, user=_user(), flag=flag,
+        dependency=dependency, name=name, user=_user(), spell=spell,
     ))  # fmt: skip
     if not decision.allowed:
         raise FolderTaken(decision, held)
@@ -169,10 +168,10 @@ def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) ->
                                "this job another --checkpoint-dir"))  # fmt: skip
 
 
-def take(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) -> Decision:
+def take(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) -> str | None:
     """``claim_start`` for the job's first process (the batch step's supervisor, a local
-    node), which logs a continuation from another job's checkpoints. Raises
-    FolderTaken, MarkerError (also when the folder or the marker cannot be written)."""
+    node): the message to log, None when there is nothing to say. Raises FolderTaken,
+    MarkerError (also when the folder or the marker cannot be written)."""
     try:
         decision = claim_start(folder, me, adopt=adopt, slurm=slurm)
     except OSError as exc:
@@ -180,6 +179,4 @@ def take(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) -> Decisi
             f"cannot take the checkpoint folder {folder}: {exc.strerror or exc}; give a "
             "--checkpoint-dir this user can write"
         ) from None
-    if decision.verdict is Verdict.ADOPT:
-        log.info("%s", decision.message)
-    return decision
+    return decision.message if decision.verdict is Verdict.ADOPT else None

@@ -23,13 +23,26 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hpclaunch.checkpoint.owner import Owner
 
-# How the flag is spelled where the message is read.
-CLI_FLAG = "--adopt-checkpoints"
-EXECUTOR_FLAG = "adopt_checkpoints=True"
-ANY_FLAG = f"{CLI_FLAG} (hpclaunch.Executor: {EXECUTOR_FLAG})"
+
+class Spelling(NamedTuple):
+    """How the fixes are spelled where the message is read."""
+
+    adopt: str  # the flag that continues from an ended job's checkpoints
+    folder: str  # the checkpoint folder's option
+    wait: str  # a dependency on job {job}
+
+
+CLI = Spelling("--adopt-checkpoints", "--checkpoint-dir",
+               "--sbatch-option dependency=afterany:{job}")  # fmt: skip
+EXECUTOR = Spelling("adopt_checkpoints=True", "checkpoint_dir",
+                    'sbatch_options={{"dependency": "afterany:{job}"}}')  # fmt: skip
+# In the job's log, which either may have submitted.
+ANYWHERE = Spelling("--adopt-checkpoints (hpclaunch.Executor: adopt_checkpoints=True)",
+                    "--checkpoint-dir", "dependency=afterany:{job}")  # fmt: skip
 # Dependency types after which the holder has ended ("after" is after it *started*).
 _ENDED_AFTER = ("afterany", "afterok", "afternotok")
 
@@ -71,7 +84,7 @@ class Situation:
     dependency: str | None = None  # sbatch's --dependency, at submit
     name: str | None = None  # this job's name and user (singleton)
     user: str | None = None
-    flag: str = ANY_FLAG
+    spell: Spelling = ANYWHERE
 
 
 class Verdict(enum.Enum):
@@ -139,9 +152,8 @@ def decide(s: Situation) -> Decision:
     if s.latest_step is None:
         return Decision(Verdict.FREE, f"checkpoint folder {s.folder} holds no checkpoint")
     if s.adopt:
-        return Decision(Verdict.ADOPT, f"checkpoint folder {s.folder}: continuing from "
-                        f"step {s.latest_step}, left by {_leaver(marker)}, as "
-                        f"{s.flag} asks")  # fmt: skip
+        return Decision(Verdict.ADOPT, f"checkpoint folder {s.folder}: continuing, as asked, "
+                        f"from step {s.latest_step}, left by {_leaver(marker)}")  # fmt: skip
     if holder is None:
         return Decision(Verdict.UNMARKED, _left(s, "that no hpclaunch job marked as its own "
                         "(an older hpclaunch wrote them, or they were copied in)"))  # fmt: skip
@@ -163,15 +175,15 @@ def _again(s: Situation) -> str:
 def _in_use(s: Situation, holder: Holder) -> str:
     job = holder.owner
     queue = (
-        f", or make it wait for that job (sbatch's dependency=afterany:{job.job_id}) with "
-        f"{s.flag}"
+        f", or make it wait for that job ({s.spell.wait.format(job=job.job_id)}) with "
+        f"{s.spell.adopt}"
         if s.stage is Stage.SUBMIT else ""
     )  # fmt: skip
     return (
         f"checkpoint folder {s.folder} is in use by {job.describe()}, which is "
         f"{holder.detail}: two jobs in one folder would train on each other's checkpoints. "
-        f"{_again(s)} with another --checkpoint-dir, or once job {job.job_id} has ended "
-        f"(scancel {job.job_id} ends it now) with {s.flag} to continue from its "
+        f"{_again(s)} with another {s.spell.folder}, or once job {job.job_id} has ended "
+        f"(scancel {job.job_id} ends it now) with {s.spell.adopt} to continue from its "
         f"checkpoints{queue}"
     )
 
@@ -180,7 +192,7 @@ def _unknown(s: Situation, holder: Holder) -> str:
     return (
         f"checkpoint folder {s.folder} is marked as used by {holder.owner.describe()}, and "
         f"whether that job still runs cannot be told ({holder.detail}); refusing rather "
-        f"than guessing. {_again(s)} once it can be told, or with another --checkpoint-dir"
+        f"than guessing. {_again(s)} once it can be told, or with another {s.spell.folder}"
     )
 
 
@@ -188,13 +200,13 @@ def _queued_unasked(s: Situation, holder: Holder) -> str:
     return (
         f"checkpoint folder {s.folder} is in use by {holder.owner.describe()}, and this job "
         "waits for it (its dependency): it would then start from the checkpoints that job "
-        f"leaves. Say so with {s.flag}, or give this job another --checkpoint-dir"
+        f"leaves. Say so with {s.spell.adopt}, or give this job another {s.spell.folder}"
     )
 
 
 def _left(s: Situation, whose: str) -> str:
     return (
         f"checkpoint folder {s.folder} holds checkpoints up to step {s.latest_step} {whose}; "
-        f"this job would start from them. {_again(s)} with {s.flag} to continue from them "
-        "on purpose, or with another --checkpoint-dir to start afresh"
+        f"this job would start from them. {_again(s)} with {s.spell.adopt} to continue from "
+        f"them on purpose, or with another {s.spell.folder} to start afresh"
     )

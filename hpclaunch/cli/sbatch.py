@@ -249,11 +249,11 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
 
     if spec.checkpoint_dir is not None:
         from hpclaunch.checkpoint.claim import check_submit
-        from hpclaunch.checkpoint.sharing import CLI_FLAG, dependency_of
+        from hpclaunch.checkpoint.sharing import CLI, dependency_of
 
         check_submit(obj.cwd / spec.checkpoint_dir, adopt=spec.adopt_checkpoints,
                      dependency=dependency_of(spec.sbatch_options),
-                     name=spec.effective_job_name, slurm=obj.slurm, flag=CLI_FLAG)  # fmt: skip
+                     name=spec.effective_job_name, slurm=obj.slurm, spell=CLI)  # fmt: skip
     done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
     problem = registry.note(obj.env, done.job_id, done.job_dir, spec.effective_job_name,
                             obj.cwd, done.cluster)  # fmt: skip

@@ -199,7 +199,7 @@ def _check_checkpoints(folder: Path, spec: JobSpec, array: tuple[int, int | None
     was not told to continue from (hpclaunch.checkpoint.sharing), and one folder for
     the jobs of a map_array. Raises ExecutorError, FolderTaken."""
     from hpclaunch.checkpoint.claim import check_submit
-    from hpclaunch.checkpoint.sharing import EXECUTOR_FLAG, dependency_of
+    from hpclaunch.checkpoint.sharing import EXECUTOR, dependency_of
     from hpclaunch.slurm.commands import Slurm
 
     if array is not None:
@@ -211,7 +211,7 @@ def _check_checkpoints(folder: Path, spec: JobSpec, array: tuple[int, int | None
         )
     dependency = dependency_of(spec.sbatch_options)
     check_submit(folder, adopt=spec.adopt_checkpoints, dependency=dependency,
-                 name=spec.effective_job_name, slurm=Slurm(), flag=EXECUTOR_FLAG)  # fmt: skip
+                 name=spec.effective_job_name, slurm=Slurm(), spell=EXECUTOR)  # fmt: skip
 
 
 def _submit_pickled(

@@ -56,10 +56,12 @@ def _claim_checkpoints(folder: Path, job_id: int, settings: LocalSettings) -> in
 
     me = claim.local_job(str(job_id))
     try:
-        claim.take(folder, me, adopt=settings.adopt_checkpoints, slurm=Slurm())
+        said = claim.take(folder, me, adopt=settings.adopt_checkpoints, slurm=Slurm())
     except HpclaunchError as exc:
         log.error("%s", exc)
         return int(exc.exit_code)
+    if said:
+        log.info("%s", said)
     return None
 
 

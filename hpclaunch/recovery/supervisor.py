@@ -208,8 +208,9 @@ class Supervisor:
 
         folder = self.env.get(CHECKPOINT_DIR_VAR)
         try:
-            if folder:
-                claim.take(Path(folder), claim.slurm_job(self.env), adopt=adopt, slurm=self.slurm)
+            said = folder and claim.take(
+                Path(folder), claim.slurm_job(self.env), adopt=adopt, slurm=self.slurm
+            )
         except HpclaunchError as exc:
             log.error("supervisor: %s", exc)
             reason = requeue.Reason.FOLDER_REFUSED
@@ -218,6 +219,8 @@ class Supervisor:
                 finish(self.run, None, None, refused, str(exc))
                 self.history.save(self.job_dir)
             return refused.exit_status
+        if said:
+            log.info("supervisor: %s", said)
         return None
 
     def before_step(self) -> int | None:

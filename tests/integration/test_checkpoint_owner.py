@@ -79,9 +79,10 @@ def test_one_folder_one_job_and_continuing_on_purpose(sandbox: Running, tmp_path
 
     assert holder.wait_end() == "COMPLETED", holder.log
     assert queued.wait_end() == "COMPLETED", queued.log
-    assert f"checkpoint folder {ckpt}: continuing from step 19, left by job {holder.id}" in (
-        queued.log
-    )
+    assert (
+        f"supervisor: checkpoint folder {ckpt}: continuing, as asked, from step 19, left by "
+        f"job {holder.id} (train, user root, submitted from "
+    ) in queued.log
     assert [s["step"] for s in queued.lines("START")] == [20]
     assert digest_of(queued) == whole
 

@@ -18,6 +18,8 @@ from hpclaunch.checkpoint import claim, owner
 from hpclaunch.checkpoint.claim import FolderTaken
 from hpclaunch.checkpoint.owner import Kind, MarkerError, Owner
 from hpclaunch.checkpoint.sharing import (
+    CLI,
+    EXECUTOR,
     Holder,
     Liveness,
     Situation,
@@ -44,7 +46,7 @@ def situation(
 ) -> Situation:  # fmt: skip
     me = ME if stage is Stage.START else None
     return Situation("/ckpt", stage, marker, holder, step, adopt, me=me, dependency=dependency,
-                     name="train", user="ana", flag="--adopt-checkpoints")  # fmt: skip
+                     name="train", user="ana", spell=CLI)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -86,8 +88,14 @@ def test_a_refusal_names_the_folder_the_job_and_the_fixes() -> None:
         "from its checkpoints"
     )
     submit = decide(situation(Stage.SUBMIT, HOLDER, ACTIVE, None)).message
-    assert submit.endswith("or make it wait for that job (sbatch's dependency=afterany:41) "
-                           "with --adopt-checkpoints")  # fmt: skip
+    assert submit.endswith("or make it wait for that job (--sbatch-option "
+                           "dependency=afterany:41) with --adopt-checkpoints")  # fmt: skip
+    executor = Situation("/ckpt", Stage.SUBMIT, HOLDER, ACTIVE, None, False, spell=EXECUTOR)
+    assert decide(executor).message.endswith(
+        "Submit it with another checkpoint_dir, or once job 41 has ended (scancel 41 ends it "
+        "now) with adopt_checkpoints=True to continue from its checkpoints, or make it wait "
+        'for that job (sbatch_options={"dependency": "afterany:41"}) with adopt_checkpoints=True'
+    )
     left = decide(situation(Stage.SUBMIT, HOLDER, ENDED, 9)).message
     assert left == (
         "checkpoint folder /ckpt holds checkpoints up to step 9 left by job 41 (train, user "
