@@ -45,6 +45,7 @@ FEATURES: dict[str, list[tuple[str, str]]] = {
         ("source ", "/bin/activate"),
         ("export NCCL_DEBUG=", "=WARN"),
         ("export HPCLAUNCH_CHECKPOINT_DIR=", "=/scratch/"),
+        ("exec hpclaunch supervise ", " --adopt-checkpoints "),
         ("hpclaunch agent ", " --nproc-per-node 8 "),
     ],
     "pyxis": [
