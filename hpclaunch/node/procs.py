@@ -46,6 +46,61 @@ class Tracked:
         return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start_time
 
 
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc/PID/stat gives it: its place in the tree and its session."""
+
+    pid: int
+    ppid: int
+    session: int
+    state: str  # one letter: R, S, D, Z (zombie), T (stopped), ...
+    start_time: int  # clock ticks after boot
+
+    @property
+    def zombie(self) -> bool:
+        return self.state == "Z"
+
+
+def proc(pid: int) -> Proc | None:
+    """The process ``pid`` (a zombie too), or None once it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    return Proc(pid, int(fields[1]), int(fields[3]), fields[0], int(fields[19]))
+
+
+def snapshot() -> list[Proc]:
+    """Every process this one can see, zombies included."""
+    found = (proc(int(entry.name)) for entry in PROC.iterdir() if entry.name.isdigit())
+    return [p for p in found if p is not None]
+
+
+def children(pid: int) -> list[Proc]:
+    """The children of ``pid`` (zombies too): from the kernel's list of each of its
+    threads where it keeps one (CONFIG_PROC_CHILDREN), else from every process."""
+    try:
+        tasks = list((PROC / str(pid) / "task").iterdir())
+        listed = [(task / "children").read_text().split() for task in tasks]
+    except FileNotFoundError:
+        return [p for p in snapshot() if p.ppid == pid]
+    except ProcessLookupError:
+        return []
+    found = (proc(int(child)) for pids in listed for child in pids)
+    return [p for p in found if p is not None and p.ppid == pid]
+
+
+def command_line(pid: int) -> str:
+    """What the process runs, as ps shows it ("" once it is gone); its name in brackets
+    where it has no command line (a kernel thread, a zombie)."""
+    try:
+        argv = (PROC / str(pid) / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        name = (PROC / str(pid) / "comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+    text = " ".join(a.decode(errors="replace") for a in argv if a)
+    return text or f"[{name}]"
+
+
 def parents() -> dict[int, int]:
     """pid → parent pid of every live process."""
     out = {}
