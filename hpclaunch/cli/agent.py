@@ -68,7 +68,8 @@ def agent(
         click.echo(json.dumps(_dry_run(obj, ctx, opts, plan, master), indent=2))
         return
     try:
-        status = node_agent.launch(ctx, opts, plan, obj.env)
+        helpers = (sidecar.proc.pid,) if sidecar is not None else ()
+        status = node_agent.launch(ctx, opts, plan, obj.env, helpers)
     finally:
         if sidecar is not None:
             sidecar.stop()

@@ -14,7 +14,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from hpclaunch.node.options import (
     worker_command,
     worker_env,
 )
+from hpclaunch.node.sweep import Sweeper
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder, parse_topology
 
@@ -111,17 +112,24 @@ def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeCon
 
 
 def launch(
-    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan, env: Mapping[str, str]
-) -> int:
-    """Run the workers through torch's elastic agent; return the exit status."""
+    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan, env: Mapping[str, str],
+    helpers: Collection[int] = (),
+) -> int:  # fmt: skip
+    """Run the workers through torch's elastic agent; return the exit status.
+
+    What the workers start ends with their group (see hpclaunch.node.sweep), except
+    ``helpers``: the pids of this process's children that run in sessions of their
+    own and serve the whole job (the etcd sidecar); each must be named here."""
+    sweeper = Sweeper.start(spared=helpers)  # before any worker can leave an orphan
     for stale in stale_local_checkpoints(ctx):
         shutil.rmtree(stale, ignore_errors=True)
     zygote = _fork_zygote() if starts_warm(opts) else None
     try:
-        return _launch(ctx, opts, settings, env, zygote)
+        return _launch(ctx, opts, settings, env, zygote, sweeper)
     finally:
         if zygote is not None:
             zygote.close()
+        sweeper.sweep("as the agent ends", final=True)
         # Node-local checkpoint copies serve in-place restarts only: gone with the agent.
         shutil.rmtree(local_checkpoints(ctx), ignore_errors=True)
 
@@ -146,7 +154,7 @@ def _signals(names: str) -> list[signal.Signals]:
 
 def _launch(
     ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan,
-    env: Mapping[str, str], zygote: Zygote | None,
+    env: Mapping[str, str], zygote: Zygote | None, sweeper: Sweeper,
 ) -> int:  # fmt: skip
     # The launcher first: it checks torch's version before torch's internals load.
     from hpclaunch.node.launcher import (
@@ -175,7 +183,7 @@ def _launch(
             LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
             worker_env=lambda attempt: worker_env(ctx, opts.rdzv, attempt),
             on_failure=_recorder(ctx, job, logs),
-            monitor_wait_s=opts.monitor_interval_s, start_processes=start,
+            monitor_wait_s=opts.monitor_interval_s, start_processes=start, sweeper=sweeper,
         )  # fmt: skip
     except ChildFailedError as exc:
         block = _root_cause(exc, ctx, opts, logs.folder)

@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
+from hpclaunch.node.sweep import Sweeper
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,15 @@ class RecordingAgent(LocalElasticAgent):
     monitor interval is set near zero: its plain sleep is replaced by the wait for an
     exit). ``worker_env(attempt)`` is added to every worker's environment; ``start_processes``
     makes the workers' process context; ``signals`` stop the workers, as torch's
-    ``signals_to_handle``."""
+    ``signals_to_handle``; ``sweeper`` ends what the workers left running each time
+    the group stops, and reaps what ended by itself (hpclaunch.node.sweep)."""
 
     def __init__(
         self, spec: WorkerSpec, logs_specs: LogsSpecs, *,
         worker_env: WorkerEnv, signals: Iterable[signal.Signals],
         on_failure: OnFailure | None = None, monitor_wait_s: float = 0.1,
-        start_processes: StartProcesses = torch_start_processes, **torch_options: Any,
+        start_processes: StartProcesses = torch_start_processes,
+        sweeper: Sweeper | None = None, **torch_options: Any,
     ) -> None:  # fmt: skip
         super().__init__(spec, logs_specs, **torch_options)
         self._worker_env = worker_env
@@ -71,11 +74,14 @@ class RecordingAgent(LocalElasticAgent):
         self._on_failure = on_failure
         self._monitor_wait_s = monitor_wait_s
         self._start_processes = start_processes
+        self._sweeper = sweeper
         self._pidfds = _Pidfds()
         self.attempt = 0  # the job-wide attempt the workers run in (see _start_workers)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_exit(self._monitor_wait_s)
+        if self._sweeper is not None:
+            self._sweeper.reap()
         result: RunResult = super()._monitor_workers(worker_group)
         if result.is_failed() and self._on_failure is not None:
             try:
@@ -111,6 +117,8 @@ class RecordingAgent(LocalElasticAgent):
             self._shutdown(timeout=LOST_PEER_GRACE_S)
         else:
             super()._stop_workers(worker_group)
+        if self._sweeper is not None:  # before the next group starts, if one does
+            self._sweeper.sweep("after the worker group stopped")
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         """torch 2.13's LocalElasticAgent._start_workers, owned: hpclaunch's worker

@@ -5,6 +5,8 @@ The agent starts every worker through this: the kernel then sends SIGKILL to
 the worker when the agent dies, even by SIGKILL (torch's workers run in their
 own sessions and would otherwise live on as orphans). The agent runs it by its
 file path, so that it imports nothing of hpclaunch: it costs an interpreter start.
+What the worker starts in turn does not inherit the death signal: the agent ends
+it while it lives (hpclaunch.node.sweep).
 """
 
 from __future__ import annotations
