@@ -57,6 +57,7 @@ def agent(
             )
         if not dry_run:  # before the sidecar, the zygote and torch's internals start
             check_installed_torch()
+            node_agent.check_job_folder(ctx, opts, obj.env)
         if opts.etcd_sidecar:
             opts, sidecar = node_agent.etcd_sidecar(ctx, opts, master, start=not dry_run)
         plan = options.launch_settings(ctx, opts, master, local)

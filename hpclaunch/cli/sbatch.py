@@ -120,6 +120,12 @@ if TYPE_CHECKING:
     "nodes beyond it stand by. [default: 1]",
 )
 @click.option(
+    "--master-port",
+    type=int,
+    help="The rendezvous port on the first node, for a port that is taken or a firewall. "
+    "[default: 15000 + job id % 10000]",
+)
+@click.option(
     "--template",
     type=click.Path(dir_okay=False),
     help="A Jinja template to render instead of the built-in one.",

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = NodeContext(
         job_id=job_id, node_rank=0, hosts=(socket.gethostname(),), restart_count=requeue,
         nproc_per_node=settings.nproc_per_node, nproc_source="nproc_per_node",
-        master_port=derive_port(job_id),
+        master_port=settings.master_port or derive_port(job_id),
     )  # fmt: skip
     opts = options.AgentOptions(
         entrypoint=WORKER_MODULE, args=(str(folder),), entry_kind=EntryKind.MODULE,

@@ -28,6 +28,7 @@ class LocalSettings:
     checkpoint_dir: str | None
     env: dict[str, str]
     adopt_checkpoints: bool = False
+    master_port: int | None = None  # None: derived from the job id
 
     @classmethod
     def of(cls, spec: JobSpec, cwd: Path) -> LocalSettings:
@@ -41,7 +42,7 @@ class LocalSettings:
             max_requeues=min(spec.max_requeues, CONTROLLER_MAX_RUNS - 1),
             grace_period_s=spec.agent_grace_s, log_dir=absolute(spec.log_dir),
             checkpoint_dir=absolute(spec.checkpoint_dir) if spec.checkpoint_dir else None,
-            env=env, adopt_checkpoints=spec.adopt_checkpoints,
+            env=env, adopt_checkpoints=spec.adopt_checkpoints, master_port=spec.master_port,
         )  # fmt: skip
 
     def write(self, path: Path) -> None:

@@ -142,6 +142,7 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "etcd_password_file": ("etcd_password_file", _STR),
     "no_kill": ("no_kill", _expect(bool, "true or false")),
     "node_multiple": ("node_multiple", _INT),
+    "master_port": ("master_port", _INT),
     "template": ("template", _STR),
     "gpu_directive": ("gpu_directive", _choice(GpuDirective)),
     "sbatch_options": ("sbatch_options", lambda v: _table(v, flags=True)),

@@ -117,6 +117,9 @@ def _check_text(name: str, value: str, *, one_line: bool) -> None:
         )
 
 
+MAX_PORT = 65535
+
+
 def _check_count(name: str, value: int, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(name, f"{value!r} is not a whole number")
@@ -166,6 +169,7 @@ class JobSpec:
     rdzv: Rendezvous = C10dRdzv()  # noqa: RUF009 - frozen, so one shared default is safe
     no_kill: bool = False
     node_multiple: int = 1
+    master_port: int | None = None  # None: 15000 + job id % 10000
     template: str | None = None
     gpu_directive: GpuDirective = GpuDirective.GPUS_PER_NODE
     sbatch_options: tuple[tuple[str, str | None], ...] = ()
@@ -204,6 +208,12 @@ class JobSpec:
         _check_count("max_restarts", self.max_restarts, 0)
         _check_count("max_requeues", self.max_requeues, 0)
         _check_count("max_failure_requeues", self.max_failure_requeues, 0)
+        if self.master_port is not None:
+            _check_count("master_port", self.master_port, 1)
+            if self.master_port > MAX_PORT:
+                raise SpecError(
+                    "master_port", f"{self.master_port} is above {MAX_PORT}; give a free TCP port"
+                )
         self._check_signal_lead()
         for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
             value = getattr(self, name)

@@ -18,9 +18,10 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpclaunch.errors import SlurmError
+from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, joblogs
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
+from hpclaunch.node import ports
 from hpclaunch.node.options import (
     HANDLED_SIGNALS,
     AgentOptions,
@@ -101,6 +102,25 @@ def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> 
     return opts.job_dir if opts.job_dir is not None else JobFolder.from_env(env, ctx.job_id).root
 
 
+def check_job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> None:
+    """Make the job's logs folder and write a file there, before anything starts: a
+    folder this node cannot write is one line, not a traceback from torch's
+    log set-up. Raises HpclaunchError."""
+    logs = JobFolder(job_folder(ctx, opts, env)).logs
+    probe = logs / f".write-test-{ctx.hostname}-{os.getpid()}"
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise HpclaunchError(
+            f"the job folder {logs.parent} cannot be written on {ctx.hostname}: "
+            f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; give a "
+            "folder every node can write, on a shared filesystem: hpclaunch sbatch "
+            "--log-dir DIR (the job folder is DIR/JOBID), or --job-dir for hpclaunch agent"
+        ) from None
+
+
 def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
     """This node's context, in the asked rank order."""
     ctx = NodeContext.from_env(
@@ -148,6 +168,19 @@ def _fork_zygote() -> Zygote | None:
         return None
 
 
+def _rendezvous_failed(exc: BaseException, ctx: NodeContext, settings: LaunchPlan) -> int:
+    """One line for a rendezvous that failed: a taken port named with its holder."""
+    if ports.in_use(exc):
+        port = ctx.master_port
+        log.error("%s", ports.taken(port, ctx.hosts[0], ports.listeners(port)))
+    else:
+        log.error(
+            "rendezvous %s at %s failed: %s",
+            settings.rdzv_backend, settings.rdzv_endpoint, exc or type(exc).__name__,
+        )  # fmt: skip
+    return 1
+
+
 def _signals(names: str) -> list[signal.Signals]:
     return [signal.Signals[name.strip()] for name in names.split(",")]
 
@@ -159,6 +192,7 @@ def _launch(
     # The launcher first: it checks torch's version before torch's internals load.
     from hpclaunch.node.launcher import (
         ChildFailedError,
+        DistNetworkError,
         LaunchConfig,
         RendezvousClosedError,
         RendezvousError,
@@ -200,12 +234,10 @@ def _launch(
             "(a root-cause block when its workers failed)"
         )
         return 1
-    except RendezvousError as exc:
-        log.error(
-            "rendezvous %s at %s failed: %s",
-            settings.rdzv_backend, settings.rdzv_endpoint, exc or type(exc).__name__,
-        )  # fmt: skip
-        return 1
+    except (RendezvousError, DistNetworkError) as exc:  # static makes its store itself
+        if isinstance(exc, DistNetworkError) and not ports.in_use(exc):
+            raise
+        return _rendezvous_failed(exc, ctx, settings)
     except SignalException as exc:
         log.info("stopped by %s", exc.sigval.name)
         return 128 + int(exc.sigval)

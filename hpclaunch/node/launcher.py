@@ -24,6 +24,7 @@ from hpclaunch.node.torch_version import check_torch_version
 check_torch_version(torch.__version__)  # before torch's internals below are imported
 
 # ruff: noqa: E402 (imported after the check, on purpose)
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic import events, metrics
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.metrics.api import MetricsConfig
@@ -45,6 +46,7 @@ from hpclaunch.node.sweep import Sweeper
 # What the caller catches and builds, from torch, so that it imports torch through here.
 __all__ = [
     "ChildFailedError",
+    "DistNetworkError",
     "LaunchConfig",
     "RendezvousClosedError",
     "RendezvousError",

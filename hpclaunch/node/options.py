@@ -122,7 +122,7 @@ class AgentSettings:
     )  # fmt: skip
     master_port: int | None = setting(
         None, "--master-port", Number(int, min=1, max=65535),
-        "Rendezvous port. [default: 15000 + job id % 10000]", Script.NEVER,
+        "Rendezvous port. [default: 15000 + job id % 10000]", Script.WHEN_SET,
     )  # fmt: skip
     rank_order: RankOrder = setting(
         RankOrder.SLURM, "--rank-order", Choice(RankOrder),
@@ -160,7 +160,7 @@ class AgentSettings:
             entrypoint=spec.entrypoint, args=spec.args, entry_kind=spec.entry_kind,
             nnodes=spec.nodes, nproc_per_node=spec.effective_nproc_per_node, rdzv=spec.rdzv.name,
             max_restarts=spec.max_restarts, grace_period_s=spec.agent_grace_s,
-            node_multiple=spec.node_multiple, supervised=supervised,
+            node_multiple=spec.node_multiple, master_port=spec.master_port, supervised=supervised,
             etcd_endpoints=spec.etcd_endpoints, etcd_sidecar=spec.etcd_sidecar,
             etcd_binary=spec.etcd_binary, etcd_cacert=spec.etcd_cacert, etcd_cert=spec.etcd_cert,
             etcd_key=spec.etcd_key, etcd_user=spec.etcd_user,

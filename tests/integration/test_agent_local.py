@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -182,3 +183,47 @@ def test_one_worker_crash_costs_exactly_one_restart_every_time(tmp_path: Path) -
         assert proc.returncode == 0, f"run {run}: {err.decode()[-2000:]}"
         results = {p.name: p.read_text() for p in out.glob("rank-*")}
         assert results == {"rank-0": "1 2", "rank-1": "1 2"}, f"run {run}: {results}"
+
+
+@pytest.mark.parametrize("rdzv", ["c10d", "static"])
+def test_a_taken_port_is_named_with_its_holder_and_the_fix(tmp_path: Path, rdzv: str) -> None:
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit('the workers must not start')\n")
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [str(VENV_BIN / "hpclaunch"), "agent", "--rdzv", rdzv, "--nproc-per-node", "1",
+             "--master-port", str(port), "--job-dir", str(tmp_path / "job"), str(script)],
+            env=agent_env(random.randrange(1, 10**6)), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    said = f"the rendezvous port {port} on localhost (the first node) is already in use by pid "
+    assert f"{said}{os.getpid()} (" in done.stderr, done.stderr
+    assert "hpclaunch sbatch --master-port PORT" in done.stderr
+    assert "Traceback" not in done.stderr and "C10d store has failed" not in done.stderr
+
+
+def test_a_job_folder_it_cannot_write_is_one_line(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    subprocess.run(["mount", "--bind", str(shared), str(shared)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(shared)], check=True)
+        done = subprocess.run(
+            [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
+             str(shared / "job"), str(tmp_path / "never.py")],
+            env=agent_env(random.randrange(1, 10**6)), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(shared)], check=True)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"Error: the job folder {shared / 'job'} cannot be written on localhost: Read-only file "
+        f"system ({shared / 'job'}); give a folder every node can write, on a shared filesystem: "
+        "hpclaunch sbatch --log-dir DIR (the job folder is DIR/JOBID), or --job-dir for "
+        "hpclaunch agent"
+    ], done.stderr

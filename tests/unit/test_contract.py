@@ -109,14 +109,18 @@ def test_what_the_script_leaves_out() -> None:
              if row.setting.script is Script.NEVER]  # fmt: skip
     assert never == [
         "--master-addr",
-        "--master-port",
         "--rank-order",
         "--job-dir",
         "--tee",
         "--worker-start",
     ]
     given = AgentSettings("t.py", master_port=99, tee=False, job_dir=Path("/j"))
-    assert not {"--master-port", "--no-tee", "--job-dir"} & set(given.to_argv())
+    assert not {"--no-tee", "--job-dir"} & set(given.to_argv())
+    # A port given to sbatch (or a profile) reaches every agent; none given, none written.
+    assert given.to_argv()[-2:] == ["--master-port", "99"]
+    assert AgentSettings.from_spec(JobSpec("t.py", master_port=29400)).to_argv()[-2:] == [
+        "--master-port", "29400",
+    ]  # fmt: skip
     assert SupervisorSettings(job_dir=Path("/j")).to_argv() == [
         "--max-requeues", "3", "--grace-period", "90",
     ]  # fmt: skip

@@ -188,6 +188,8 @@ def test_job_name_from_module_and_executable() -> None:
         ({"node_multiple": 0}, "node_multiple", "below the minimum of 1"),
         ({"node_multiple": 4, "nodes": NodeRange(5, 7)}, "node_multiple", "no node count"),
         ({"node_multiple": 2, "rdzv": StaticRdzv()}, "node_multiple", "c10d or etcd, not static"),
+        ({"master_port": 0}, "master_port", "below the minimum of 1"),
+        ({"master_port": 65536}, "master_port", "above 65535; give a free TCP port"),
         ({"launcher": ()}, "launcher", "empty"),
         ({"srun_options": (("ntasks", "4"),)}, "srun_options", "leave it out"),
         ({"mem": "64GB"}, "mem", "not a memory size"),
