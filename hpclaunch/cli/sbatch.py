@@ -24,6 +24,7 @@ from hpclaunch.job.spec import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_SIGNAL_LEAD_S,
+    DEFAULT_SLURM_PATIENCE_S,
     EntryKind,
     JobSpec,
 )
@@ -89,6 +90,13 @@ if TYPE_CHECKING:
     type=int,
     help="Seconds before the time limit that SLURM warns the job (USR1). "
     f"[default: {DEFAULT_SIGNAL_LEAD_S}]",
+)
+@click.option(
+    "--slurm-patience",
+    "slurm_patience_s",
+    type=int,
+    help="Seconds the supervisor keeps trying an unreachable SLURM controller after a "
+    f"failed step (after a signal: until the time limit). [default: {DEFAULT_SLURM_PATIENCE_S}]",
 )
 @click.option(
     "--rdzv",

@@ -45,6 +45,7 @@ def supervise(obj: CliContext, /, step: tuple[str, ...], values: Mapping[str, An
             max_requeues=settings.max_requeues, grace_s=settings.grace_period_s,
             max_failure_requeues=settings.max_failure_requeues,
             adopt_checkpoints=settings.adopt_checkpoints,
+            slurm_patience_s=settings.slurm_patience_s,
         )  # fmt: skip
     except HpclaunchError as exc:
         fail(exc)

@@ -30,6 +30,8 @@ DEFAULT_GRACE_PERIOD_S = 30
 DEFAULT_SUPERVISOR_GRACE_S = 90.0
 # Requeues without bad nodes a job gets (preemptions and time limits do not count).
 DEFAULT_MAX_FAILURE_REQUEUES = 2
+# How long the supervisor keeps trying an unreachable slurmctld after a failed step.
+DEFAULT_SLURM_PATIENCE_S = 300
 ONE_NODE = NodeRange(1, 1)
 # SLURM stores the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD_S = 0xFFFF
@@ -166,6 +168,7 @@ class JobSpec:
     max_requeues: int = DEFAULT_MAX_REQUEUES
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    slurm_patience_s: int = DEFAULT_SLURM_PATIENCE_S
     rdzv: Rendezvous = C10dRdzv()  # noqa: RUF009 - frozen, so one shared default is safe
     no_kill: bool = False
     node_multiple: int = 1
@@ -214,6 +217,7 @@ class JobSpec:
                 raise SpecError(
                     "master_port", f"{self.master_port} is above {MAX_PORT}; give a free TCP port"
                 )
+        _check_count("slurm_patience", self.slurm_patience_s, 0)
         self._check_signal_lead()
         for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
             value = getattr(self, name)

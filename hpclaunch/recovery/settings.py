@@ -12,6 +12,7 @@ from hpclaunch.job.contract import Flag, Folder, Number, Script, setting, to_arg
 from hpclaunch.job.spec import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
+    DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
 )
 
@@ -44,6 +45,11 @@ class SupervisorSettings:
         False, "--adopt-checkpoints", Flag(),
         "Continue from the checkpoints an ended job left in HPCLAUNCH_CHECKPOINT_DIR.",
     )  # fmt: skip
+    slurm_patience_s: float = setting(
+        float(DEFAULT_SLURM_PATIENCE_S), "--slurm-patience", Number(float, min=0),
+        "Seconds to keep trying an unreachable SLURM controller after a failed step "
+        "(after a signal: --grace-period from the signal).",
+    )  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> SupervisorSettings:
@@ -54,6 +60,7 @@ class SupervisorSettings:
             grace_period_s=spec.signal_lead_s,
             max_failure_requeues=spec.max_failure_requeues,
             adopt_checkpoints=spec.adopt_checkpoints,
+            slurm_patience_s=float(spec.slurm_patience_s),
         )
 
     def to_argv(self) -> list[str]:

@@ -23,22 +23,26 @@ from pathlib import Path
 from types import FrameType
 
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
-from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES, DEFAULT_SUPERVISOR_GRACE_S
+from hpclaunch.job.spec import (
+    DEFAULT_MAX_FAILURE_REQUEUES,
+    DEFAULT_SLURM_PATIENCE_S,
+    DEFAULT_SUPERVISOR_GRACE_S,
+)
 from hpclaunch.jobdir import failures, saves
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.recovery import verdicts
+from hpclaunch.recovery.job_commands import keep_lost_out, requeue_job, slurm_restarts
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import job_nodes
+from hpclaunch.slurm.retry import Patience, describe
 
 log = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _POLL_S = 0.2
-# sinfo's states of a node that is gone (with "not responding", a trailing '*').
-LOST = frozenset({"down", "fail", "failing"})
 
 
 class StepNotFound(HpclaunchError):
@@ -151,12 +155,16 @@ def supervise(
     grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES,
     adopt_checkpoints: bool = False,
+    slurm_patience_s: float = DEFAULT_SLURM_PATIENCE_S,
 ) -> int:
     """The batch step: take the checkpoint folder, run the step, then requeue, give up
-    or end as the policy says. Returns the supervisor's exit status. Raises
+    or end as the policy says. SLURM's commands are tried again while its controller is
+    away: after a signal for ``grace_s`` (the signal lead: until the time limit), else
+    for ``slurm_patience_s``. Returns the supervisor's exit status. Raises
     StepNotFound, HistoryError."""
     with forwarding() as forwarder:
-        run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues)
+        run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues,
+                         Patience(grace_s, slurm_patience_s))  # fmt: skip
         refused = run.claim_checkpoints(adopt_checkpoints)
         if refused is not None:
             return refused
@@ -175,9 +183,11 @@ class Supervisor:
 
     def __init__(
         self, env: Mapping[str, str], slurm: Slurm, job_dir: Path | None,
-        max_requeues: int, max_failure_requeues: int,
+        max_requeues: int, max_failure_requeues: int, patience: Patience | None = None,
     ) -> None:  # fmt: skip
         self.env, self.slurm, self.job_dir = env, slurm, job_dir
+        # How long SLURM's controller is waited for (a window from the first signal).
+        self.patience = patience or Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SLURM_PATIENCE_S)
         self.max_requeues, self.max_failure_requeues = max_requeues, max_failure_requeues
         self.job_id = int(env["SLURM_JOB_ID"])
         self.requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
@@ -241,14 +251,20 @@ class Supervisor:
     def on_first_signal(self, first_signal: int) -> None:
         """SLURM kills this process KillWait seconds after its SIGTERM, maybe before the
         step has ended: a requeue by SLURM is recorded at once."""
+        self.patience.signalled()
         if first_signal in requeue.STOP_SIGNALS:
-            restarts = _slurm_restarts(self.slurm, self.job_id)
+            restarts = slurm_restarts(self.slurm, self.job_id, self.patience.window())
             if restarts is not None and restarts > self.requeue_count:
                 self._record(None, first_signal, self._by_slurm())
 
     def after_step(self, result: StepResult) -> int:
         """Decide what follows the step, act on it, record it; the exit status."""
-        restarts = _slurm_restarts(self.slurm, self.job_id) if result.signals else None
+        if result.signals:
+            self.patience.signalled()
+        restarts = (
+            slurm_restarts(self.slurm, self.job_id, self.patience.window())
+            if result.signals else None
+        )  # fmt: skip
         if result.status != 0 and not result.signals and self.job_dir is not None:
             self._examine(self.job_dir)
         history = self.history
@@ -286,10 +302,12 @@ class Supervisor:
                      f" without {','.join(decision.exclude)}" if decision.exclude else "",
                      )  # fmt: skip
             before = self.history.excluded_nodes if self.history else []
+            excluded = list(dict.fromkeys([*before, *decision.exclude]))
             try:
-                _requeue(self.slurm, self.job_id, list(dict.fromkeys([*before, *decision.exclude])))
+                requeue_job(self.slurm, self.job_id, excluded, self.patience.window(),
+                            self.requeue_count)  # fmt: skip
             except SlurmError as exc:
-                log.error("supervisor: scontrol requeue failed, so the job ends: %s", exc)
+                log.error("supervisor: the job ends without a requeue: %s", describe(exc))
                 return requeue.Decision(
                     requeue.Action.REQUEUE_FAILED, decision.reason, int(ExitCode.SLURM)
                 )
@@ -308,7 +326,8 @@ class Supervisor:
     def _by_slurm(self) -> requeue.Decision:
         if self._lost is None:
             before = self.history.excluded_nodes if self.history else []
-            self._lost = _keep_lost_out(self.slurm, self.job_id, job_nodes(self.env), before)
+            self._lost = keep_lost_out(self.slurm, self.job_id, job_nodes(self.env), before,
+                                       self.patience.window())  # fmt: skip
         return requeue.Decision(
             requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, self._lost
         )
@@ -324,44 +343,6 @@ class Supervisor:
         self.history.save(self.job_dir)
 
 
-def _requeue(slurm: Slurm, job_id: int, excluded: Sequence[str]) -> None:
-    """``scontrol requeue``, then keep ``excluded`` out of the next run. SLURM answers
-    a requeue with SIGTERM to every process of the job, these scontrol calls included:
-    they inherit an ignored SIGTERM and finish. (The exclusion can only be set once the
-    job is pending again.) Raises SlurmError."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        slurm.requeue(job_id)
-        if excluded:
-            slurm.exclude_nodes(job_id, excluded)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _keep_lost_out(
-    slurm: Slurm, job_id: int, step_nodes: Sequence[str], excluded: Sequence[str]
-) -> tuple[str, ...]:
-    """After SLURM requeued the job, keep the step's nodes that are down or not
-    responding (a lost node: SLURM's own reason for the requeue) out of the next run,
-    as bad nodes are. Returns the nodes kept out; none when SLURM cannot be asked."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SLURM's, for the requeue
-    try:
-        states = slurm.node_states()
-        down = tuple(
-            node for node in step_nodes
-            if node in states and (not states[node].responding or states[node].state in LOST)
-        )  # fmt: skip
-        if down:
-            slurm.exclude_nodes(job_id, list(dict.fromkeys([*excluded, *down])))
-            log.info("supervisor: keeping %s (lost) out of the next run", ",".join(down))
-        return down
-    except SlurmError as exc:
-        log.warning("supervisor: could not keep lost nodes out of the next run: %s", exc)
-        return ()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> None:
     """One root-cause block for the job: the one ``node``'s agent left, else any
     (srun may have stopped that node's agent before it gave up)."""
@@ -369,11 +350,3 @@ def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> No
     if block is not None:
         sys.stderr.write(block)
         sys.stderr.flush()
-
-
-def _slurm_restarts(slurm: Slurm, job_id: int) -> int | None:
-    try:
-        return int(slurm.job_fields(job_id).get("Restarts", ""))
-    except (SlurmError, ValueError) as exc:
-        log.warning("supervisor: could not read the job's Restarts from scontrol: %s", exc)
-        return None

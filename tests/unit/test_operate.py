@@ -324,19 +324,22 @@ def test_list_shows_the_latest_jobs_with_their_state(tmp_path: Path, env: dict[s
 
 
 def test_a_lost_node_is_kept_out_after_slurms_requeue() -> None:
-    from hpclaunch.recovery.supervisor import _keep_lost_out
+    from hpclaunch.recovery.job_commands import keep_lost_out
+    from hpclaunch.slurm.retry import Window
+
+    now = Window(0.0, "test")  # closed: one try each
 
     def sinfo(argv: tuple[str, ...]) -> CommandResult:
         return CommandResult(argv, 0, "n1 allocated\nn2 down*\nn3 mixed*\nn4 idle\nn5 drained\n")
 
     fake = FakeRunner({"sinfo": sinfo, "scontrol": lambda argv: CommandResult(argv, 0)})
-    kept = _keep_lost_out(Slurm(fake), JOB, ["n1", "n2", "n3", "n5"], ["n7"])
+    kept = keep_lost_out(Slurm(fake), JOB, ["n1", "n2", "n3", "n5"], ["n7"], now)
     assert kept == ("n2", "n3")  # down, or not responding; drained is an admin's choice
     assert fake.calls[-1] == ("scontrol", "update", f"JobId={JOB}", "ExcNodeList=n7,n2,n3")
     healthy = FakeRunner({"sinfo": lambda argv: CommandResult(argv, 0, "n1 allocated\n")})
-    assert _keep_lost_out(Slurm(healthy), JOB, ["n1"], []) == ()
+    assert keep_lost_out(Slurm(healthy), JOB, ["n1"], [], now) == ()
     assert [call[0] for call in healthy.calls] == ["sinfo"]  # nothing to update
-    assert _keep_lost_out(Slurm(FakeRunner({})), JOB, ["n1"], []) == ()  # no sinfo here
+    assert keep_lost_out(Slurm(FakeRunner({})), JOB, ["n1"], [], now) == ()  # no sinfo here
 
 
 def test_history_tells_the_state_only_once_slurm_forgot(
