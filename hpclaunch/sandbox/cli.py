@@ -164,3 +164,29 @@ _node_command(
     "drain-node", "Drain NODE through scontrol: no new jobs start there.", _scontrol("DRAIN")
 )
 _node_command("resume-node", "Return a DOWN or drained NODE to service.", _scontrol("RESUME"))
+_node_command(
+    "restart-node",
+    "Restart NODE's slurmd as an administrator does; the node's jobs go on running.",
+    lambda box, node: box.restart_node(node),
+)
+
+
+@sandbox.command(name="stop-controller")
+@click.pass_obj
+def stop_controller(box: Sandbox) -> None:
+    """Stop slurmctld, as for an upgrade: it saves its state first, jobs go on running,
+    and SLURM's commands fail until start-controller."""
+    try:
+        box.stop_controller()
+    except HpclaunchError as exc:
+        fail(exc)
+
+
+@sandbox.command(name="start-controller")
+@click.pass_obj
+def start_controller(box: Sandbox) -> None:
+    """Start a stopped slurmctld with the jobs and queue it saved; return once it answers."""
+    try:
+        box.start_controller()
+    except HpclaunchError as exc:
+        fail(exc)

@@ -23,7 +23,7 @@ from typing import Any
 
 from hpclaunch.errors import HpclaunchError, SandboxError
 from hpclaunch.node.procs import Tracked
-from hpclaunch.sandbox import conf, daemons, net, placement, state
+from hpclaunch.sandbox import conf, daemons, files, net, placement, state
 from hpclaunch.sandbox.conf import Layout, Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
 from hpclaunch.sandbox.state import SandboxState, UpAction
@@ -153,7 +153,7 @@ class Sandbox:
             record = SandboxState(spec, mode, place)
             state.write(self.state_file, record)
             try:
-                self._prepare_files(lay)
+                files.prepare_files(lay)
                 if mode is Mode.NETNS:
                     net.create(lay)
                 procs: dict[str, Tracked] = {}
@@ -270,6 +270,40 @@ class Sandbox:
             daemons.wait_responding(lay, [name], {name: tracked}, idle=True)
         return current
 
+    def restart_node(self, name: str) -> None:
+        """Restart the node's slurmd as an administrator does (SIGTERM, then a new one):
+        its jobs go on running and the new slurmd takes them over."""
+        with self._locked():
+            current = self._state()
+            _layout(self.state_dir, current).node(name)
+            daemons.stop_slurmd(name, current.procs.get(name))
+            self._start_node(current, name)
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld as an administrator does (SIGTERM: it saves its state first);
+        the jobs go on running on the nodes. Nothing happens when it is stopped."""
+        with self._locked():
+            daemons.stop(self._state().procs.get("slurmctld"))
+
+    def start_controller(self) -> None:
+        """Start a stopped slurmctld with the state it saved (jobs, queue, nodes) and
+        wait until it answers."""
+        with self._locked():
+            current = self._state()
+            running = {n: t.alive() for n, t in current.procs.items() if n in state.CONTROL_DAEMONS}
+            if running.get("slurmctld"):
+                raise SandboxError("slurmctld is running; stop it first with stop-controller")
+            if not running.get("munged"):
+                raise SandboxError("munged is gone too; hpclaunch sandbox up starts a new sandbox")
+
+            def record(name: str, tracked: Tracked) -> None:
+                state.write(
+                    self.state_file, replace(current, procs={**current.procs, name: tracked})
+                )
+
+            lay = _layout(self.state_dir, current)
+            daemons.start_slurmctld(lay, self._children, record, current.procs["munged"])
+
     def cut_node(self, name: str, *, heal: bool = False) -> None:
         """Cut the node off the network (or heal it). netns mode only."""
         lay = self.layout()
@@ -309,39 +343,6 @@ class Sandbox:
         mode = self.state_dir.stat().st_mode
         if mode & 0o005 != 0o005:  # munged wants every ancestor of its socket searchable
             os.chmod(self.state_dir, mode | 0o005)
-
-    def _prepare_files(self, lay: Layout) -> None:
-        d = self.state_dir
-        for sub in ("etc", "ctld", "run", "log", "dev"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        for node in lay.nodes:
-            (d / "spool" / node.name).mkdir(parents=True, exist_ok=True)
-        (d / "munge").mkdir(mode=0o700, exist_ok=True)
-        (d / "etc" / "slurm.conf").write_text(conf.slurm_conf(lay))
-        (d / "etc" / "topology.conf").write_text(conf.topology_conf(lay))
-        (d / "etc" / "gres.conf").write_text(conf.gres_conf(lay))
-        (d / "etc" / "hosts").write_text(conf.hosts_file(lay))
-        for i in range(lay.spec.gpus_per_node):
-            device = conf.gpu_device(lay, i)
-            if not device.exists():
-                try:  # a character device with NVIDIA's major number: GRES binds it like a GPU
-                    os.mknod(device, 0o600 | 0o020000, os.makedev(195, i))
-                except PermissionError:
-                    raise SandboxError(
-                        "cannot create fake GPU device files here (no CAP_MKNOD); "
-                        "use --gpus-per-node 0"
-                    ) from None
-        key = d / "munge" / "munge.key"
-        if not key.exists():
-            made = subprocess.run(
-                ["mungekey", "--create", f"--keyfile={key}"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if made.returncode != 0:
-                raise SandboxError(f"mungekey could not create {key}: {made.stderr.strip()}")
-        key.chmod(0o600)
 
 
 def check_prerequisites(euid: int | None = None, path: str | None = None) -> None:

@@ -118,9 +118,40 @@ def start_control(
     )  # fmt: skip
     record("munged", munged)
     wait(lay.munge_socket.exists, "munged's socket", lay, {"munged": munged})
+    start_slurmctld(lay, keep, record, munged)
+
+
+def start_slurmctld(
+    lay: Layout, keep: dict[int, subprocess.Popen[bytes]], record: Callable[[str, Tracked], None],
+    munged: Tracked,
+) -> None:  # fmt: skip
+    """slurmctld, which reads the state it saved last (StateSaveLocation: jobs, queue,
+    node states) unless there is none; returns once it answers."""
     ctld = spawn(["slurmctld", "-D", "-i", "-f", str(lay.conf_path)], lay, "slurmctld", keep)
     record("slurmctld", ctld)
     wait(slurm(lay).ping, "slurmctld to answer", lay, {"munged": munged, "slurmctld": ctld})
+
+
+def stop_slurmd(name: str, reaper: Tracked | None) -> None:
+    """SIGTERM the slurmd of node ``name`` (run by ``reaper``), as an administrator's
+    restart does: slurmstepd and the job's tasks go on running. Raises SandboxError
+    when it is not running."""
+    table = procs.parents()
+    children = [pid for pid, parent in table.items() if reaper and parent == reaper.pid]
+    slurmd = [pid for pid in children if _comm(pid) == "slurmd"]
+    if reaper is None or not reaper.alive() or not slurmd:
+        raise SandboxError(f"node {name} is not running; start it with start-node")
+    procs.kill(slurmd, signal.SIGTERM)
+    if procs.wait_gone(slurmd, timeout_s=10):
+        procs.kill(slurmd, signal.SIGKILL)
+        procs.wait_gone(slurmd, timeout_s=5)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return (procs.PROC / str(pid) / "comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 def start_slurmd(lay: Layout, node: Node, keep: dict[int, subprocess.Popen[bytes]]) -> Tracked:
