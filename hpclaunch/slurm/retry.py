@@ -15,6 +15,7 @@ disabled", "Job is pending execution") will refuse again: that is not retried.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -65,11 +66,13 @@ SYSTEM_CLOCK = SystemClock()
 
 @dataclass(frozen=True)
 class Window:
-    """Until when (a reading of ``clock``) a command is tried again, and what set that
-    time, in words for the messages ("until the job's time limit")."""
+    """Until when (a reading of ``clock``) a command is tried again, what set that
+    time, in words for the messages ("until the job's time limit"), and when the
+    waiting began (None: at the command's first attempt)."""
 
     deadline: float
     why: str
+    opened: float | None = None
     clock: Clock = field(default=SYSTEM_CLOCK, compare=False)
 
 
@@ -130,7 +133,8 @@ def persist(
     attempt = 1
     while True:
         left = window.deadline - clock.now()
-        timed = replace(slurm, timeout_s=min(slurm.timeout_s, max(left, MIN_ATTEMPT_S)))
+        timeout_s = min(slurm.timeout_s, float(math.ceil(max(left, MIN_ATTEMPT_S))))
+        timed = replace(slurm, timeout_s=timeout_s)
         try:
             return act(timed)
         except SlurmError as exc:
@@ -139,11 +143,12 @@ def persist(
             command, said = " ".join(exc.argv), first_line(exc)
             left = window.deadline - clock.now()
             if left <= 0:
+                since = started if window.opened is None else window.opened
                 raise SlurmUnreachable(
                     exc.argv, exc.returncode, exc.stderr,
-                    f"{command}: SLURM's controller did not answer for "
-                    f"{clock.now() - started:.0f} s ({attempt} attempt{'s' * (attempt > 1)}, "
-                    f"{window.why}); SLURM said: {said}",
+                    f"{command}: gave up waiting for SLURM's controller after "
+                    f"{clock.now() - since:.0f} s ({window.why}; {attempt} "
+                    f"attempt{'s' * (attempt > 1)} of this command); SLURM said: {said}",
                 ) from exc  # fmt: skip
             wait = min(backoff_s(attempt), left)
             log.warning(
@@ -171,10 +176,12 @@ class Patience:
     def signalled(self) -> None:
         """The first signal came now (later calls change nothing)."""
         if self._window is None:
+            now = self.clock.now()
             self._window = Window(
-                self.clock.now() + self.signal_lead_s,
+                now + self.signal_lead_s,
                 f"until the job's time limit, --signal-lead {self.signal_lead_s:g} s "
                 "after the signal",
+                now,
                 self.clock,
             )
 
@@ -182,9 +189,9 @@ class Patience:
         """The window of this run's commands; opened at the first call when no signal
         came."""
         if self._window is None:
+            now = self.clock.now()
             self._window = Window(
-                self.clock.now() + self.after_failure_s,
-                f"--slurm-patience {self.after_failure_s:g} s",
-                self.clock,
-            )
+                now + self.after_failure_s, f"--slurm-patience {self.after_failure_s:g} s",
+                now, self.clock,
+            )  # fmt: skip
         return self._window
