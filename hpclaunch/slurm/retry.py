@@ -130,13 +130,13 @@ def persist(
     has closed."""
     clock = window.clock
     started = clock.now()
-    attempt = 1
+    attempt, command = 1, ""
     while True:
         left = window.deadline - clock.now()
         timeout_s = min(slurm.timeout_s, float(math.ceil(max(left, MIN_ATTEMPT_S))))
         timed = replace(slurm, timeout_s=timeout_s)
         try:
-            return act(timed)
+            result = act(timed)
         except SlurmError as exc:
             if not unreachable(exc, timed):
                 raise
@@ -157,6 +157,11 @@ def persist(
             )  # fmt: skip
             clock.sleep(wait)
             attempt += 1
+            continue
+        if attempt > 1:
+            log.info("%s%s: SLURM's controller answered at attempt %d, %.0f s after the first",
+                     who, command, attempt, clock.now() - started)  # fmt: skip
+        return result
 
 
 @dataclass

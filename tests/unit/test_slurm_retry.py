@@ -99,7 +99,7 @@ def test_a_requeue_waits_out_a_controller_restart(caplog: pytest.LogCaptureFixtu
     controller = Controller(clock, back_at=40.0)
     slurm, runner = slurm_for(controller)
     window = Window(120.0, "until the job's time limit", clock=clock)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         persist(lambda s: s.requeue(JOB), slurm, window, who="supervisor: ")
     assert controller.restarts == 1
     # Attempts at 0, 5, 11, 19, 31 (4 s each, then 1, 2, 4, 8 s of backoff), then 45.
@@ -111,9 +111,14 @@ def test_a_requeue_waits_out_a_controller_restart(caplog: pytest.LogCaptureFixtu
         f"(Unexpected message received for job {JOB}); attempt 1, next try in 1 s, 116 s "
         "left (until the job's time limit)"
     )
-    assert [r.getMessage().split("; ")[1].split(",")[0] for r in caplog.records] == [
+    *retries, answered = (r.getMessage() for r in caplog.records)
+    assert [line.split("; ")[1].split(",")[0] for line in retries] == [
         f"attempt {n}" for n in range(1, 6)
     ]
+    assert answered == (
+        f"supervisor: scontrol requeue {JOB}: SLURM's controller answered at attempt 6, "
+        "45 s after the first"
+    )
 
 
 @pytest.mark.parametrize("refusal", [DISABLED, INVALID])
