@@ -149,7 +149,8 @@ def launch(
     finally:
         if zygote is not None:
             zygote.close()
-        sweeper.sweep("as the agent ends", final=True)
+        # torch has read its workers' status by now: every adopted zombie is reaped.
+        sweeper.sweep("as the agent ends", owned=(), final=True)
         # Node-local checkpoint copies serve in-place restarts only: gone with the agent.
         shutil.rmtree(local_checkpoints(ctx), ignore_errors=True)
 

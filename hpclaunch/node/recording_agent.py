@@ -81,7 +81,7 @@ class RecordingAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_exit(self._monitor_wait_s)
         if self._sweeper is not None:
-            self._sweeper.reap()
+            self._sweeper.reap(owned=self._worker_pids())
         result: RunResult = super()._monitor_workers(worker_group)
         if result.is_failed() and self._on_failure is not None:
             try:
@@ -89,6 +89,12 @@ class RecordingAgent(LocalElasticAgent):
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
         return result
+
+    def _worker_pids(self) -> set[int]:
+        """The pids of the current worker group (torch reads their exit status: the
+        sweeper must not reap them)."""
+        context = self._pcontext
+        return set(context.pids().values()) if context is not None else set()
 
     def _wait_for_exit(self, timeout: float) -> None:
         """Return when a worker exits, or after ``timeout`` s: through the zygote's
@@ -98,8 +104,7 @@ class RecordingAgent(LocalElasticAgent):
         if warm_wait is not None:
             warm_wait(timeout)
             return
-        pids = set(context.pids().values()) if context is not None else set()
-        self._pidfds.follow(context, pids)
+        self._pidfds.follow(context, self._worker_pids())
         self._pidfds.wait(timeout)
 
     def run(self, role: str = "default") -> RunResult:
@@ -118,7 +123,7 @@ class RecordingAgent(LocalElasticAgent):
         else:
             super()._stop_workers(worker_group)
         if self._sweeper is not None:  # before the next group starts, if one does
-            self._sweeper.sweep("after the worker group stopped")
+            self._sweeper.sweep("after the worker group stopped", owned=self._worker_pids())
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         """torch 2.13's LocalElasticAgent._start_workers, owned: hpclaunch's worker

@@ -22,9 +22,10 @@ are ``spared`` by pid, with all they run. The worker guard (``worker_guard.py``,
 is killed, which leaves nobody to sweep.
 
 Processes the agent adopted that end by themselves would stay zombies under it:
-``reap`` reaps them while the workers run. It never reaps a session leader, which is
-what the agent's own children outside its session are (torch's fresh workers, whose
-exit status torch reads). Nothing here touches CUDA.
+``reap`` reaps them while the workers run, session leaders (a worker's ``setsid``
+child) too, except the ones the caller says it ``owns``: the agent's own children
+outside its session whose exit status torch reads (its fresh workers; the zygote's
+workers are the zygote's children). Nothing here touches CUDA.
 """
 
 from __future__ import annotations
@@ -79,16 +80,18 @@ def leftovers(
 
 
 def adopted_zombies(
-    table: Iterable[Proc], agent: int, session: int, spared: Collection[int] = ()
-) -> list[int]:
-    """The ended children of ``agent`` that the agent may reap: outside its ``session``,
-    not ``spared``, and not session leaders (the agent's own children outside its
-    session, whose status their owner reads, are all leaders) (pure)."""
+    table: Iterable[Proc], agent: int, session: int, spared: Collection[int] = (),
+    owned: Collection[int] = (),
+) -> list[int]:  # fmt: skip
+    """The ended children of ``agent`` that the agent may reap: outside its ``session``
+    (where its own children are, their status read by their owner), neither ``spared``
+    nor ``owned`` (its own children outside its session whose status torch reads: its
+    fresh workers) (pure)."""
     return sorted(
         p.pid
         for p in table
-        if p.ppid == agent and p.zombie and p.session not in (session, p.pid)
-        and p.pid not in spared
+        if p.ppid == agent and p.zombie and p.session != session
+        and p.pid not in spared and p.pid not in owned
     )  # fmt: skip
 
 
@@ -219,18 +222,19 @@ class Sweeper:
         become_subreaper()
         return cls(spared)
 
-    def sweep(self, when: str, *, final: bool = False) -> int:
+    def sweep(self, when: str, *, owned: Collection[int], final: bool = False) -> int:
         """End what the workers left running: SIGTERM, SIGKILL after ``grace_s``; one
-        log line names them, saying ``when``. ``final``: the agent's last sweep, which
-        a stop signal does not interrupt (else the signal's handler runs after it).
-        Returns how many processes were found."""
+        log line names them, saying ``when``; then reap the adopted zombies but the
+        ``owned`` (see ``reap``). ``final``: the agent's last sweep, which a stop signal
+        does not interrupt (else the signal's handler runs after it). Returns how many
+        processes were found."""
         with _stop_signals_ignored() if final else signals_deferred():
-            return self._sweep(when)
+            return self._sweep(when, owned)
 
-    def _sweep(self, when: str) -> int:
+    def _sweep(self, when: str, owned: Collection[int]) -> int:
         targets = self._targets()
         if not targets:
-            self._reap_zombies(procs.children(self.pid))
+            self._reap_zombies(owned)
             return 0
         found = [(t.proc.pid, procs.command_line(t.proc.pid)) for t in targets]
         log.info(
@@ -260,7 +264,7 @@ class Sweeper:
                 [(t.proc.pid, procs.command_line(t.proc.pid)) for t in stuck]))  # fmt: skip
         if killed:
             log.warning("%d of them outlived SIGTERM by %g s: SIGKILL", len(killed), self.grace_s)
-        self._reap_zombies(procs.children(self.pid), ended | killed)
+        self._reap_zombies(owned)
         return len(ended | killed)
 
     def _targets(self) -> list[_Target]:
@@ -268,21 +272,20 @@ class Sweeper:
         targets = (_Target.open(proc, self.pidfds) for proc in found)
         return [t for t in targets if t is not None]
 
-    def reap(self) -> None:
+    def reap(self, owned: Collection[int]) -> None:
         """Reap the adopted processes that ended by themselves, at most once every
-        REAP_EVERY_S (called at every look at the workers)."""
+        REAP_EVERY_S (called at every look at the workers). ``owned``: the agent's
+        own children outside its session, whose exit status torch reads (its fresh
+        workers' pids): never reaped here."""
         now = time.monotonic()
         if now < self._next_reap:
             return
         self._next_reap = now + REAP_EVERY_S
-        self._reap_zombies(procs.children(self.pid))
+        self._reap_zombies(owned)
 
-    def _reap_zombies(self, children: list[Proc], ended: Collection[int] = ()) -> None:
-        """Reap the adopted zombies among the agent's ``children``, and those of the
-        processes ``ended`` by a sweep, session leaders included."""
-        pids = set(adopted_zombies(children, self.pid, self.session, self.spared))
-        pids.update(p.pid for p in children if p.pid in ended and p.zombie)
-        for pid in sorted(pids):
+    def _reap_zombies(self, owned: Collection[int]) -> None:
+        children = procs.children(self.pid)
+        for pid in adopted_zombies(children, self.pid, self.session, self.spared, owned):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 

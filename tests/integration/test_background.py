@@ -76,7 +76,8 @@ if os.environ.get("CRASH_FIRST") and attempt == 0:
 
 # The agent's side, without torch: its own children (one in its session, as the zygote
 # is, one in a session of its own and spared, as the etcd sidecar is) and a "worker" in
-# a session of its own that leaves an orphan that ends, one that runs on and one that
+# a session of its own, owned as torch's fresh workers are, that leaves an orphan that
+# ends, one in a session of its own (setsid) that ends, one that runs on and one that
 # ignores SIGTERM, then ends with status 7 unread. Prints what became of each.
 AGENT_SIDE = f"""
 import json, logging, os, shlex, subprocess, sys, time
@@ -94,9 +95,9 @@ def until(condition):
 quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 helper = subprocess.Popen(["sleep", "{MARK}"], start_new_session=True, **quiet)
 own = subprocess.Popen(["sleep", "{MARK}"], **quiet)
-names = ("short", "long", "deaf")
-def orphan(name, then):
-    return f"(sh -c {{shlex.quote(f'echo $$ > {{out}}/{{name}}; {{then}}')}} &); "
+names = ("short", "leader", "long", "deaf")
+def orphan(name, then, setsid=""):
+    return f"({{setsid}}sh -c {{shlex.quote(f'echo $$ > {{out}}/{{name}}; {{then}}')}} &); "
 def running(pid):
     found = procs.proc(pid)
     return found is not None and not found.zombie
@@ -107,16 +108,21 @@ try:
     assert become_subreaper()
     sweeper = Sweeper(spared=[helper.pid], grace_s=0.3, pidfds=pidfds)
     worker = subprocess.Popen(["sh", "-c", orphan("short", "exec sleep 0.1")
+        + orphan("leader", "exec sleep 0.1", setsid="setsid ")
         + orphan("long", "exec sleep {MARK}") + orphan("deaf", "trap '' TERM; exec sleep {MARK}")
         + "exit 7"], start_new_session=True, **quiet)
     until(lambda: all(os.path.exists(f"{{out}}/{{name}}") for name in names))
-    short, long, deaf = (int(open(f"{{out}}/{{name}}").read()) for name in names)
-    until(lambda: adopted_zombie(short) and procs.proc(worker.pid).zombie)
-    sweeper.reap()
+    short, leader, long, deaf = (int(open(f"{{out}}/{{name}}").read()) for name in names)
+    assert procs.proc(leader).session == leader
+    until(lambda: adopted_zombie(short) and adopted_zombie(leader)
+          and procs.proc(worker.pid).zombie)
+    sweeper.reap(owned=[worker.pid])
     reaped = procs.proc(short) is None
-    swept = sweeper.sweep("in the test")
+    leader_reaped = procs.proc(leader) is None
+    swept = sweeper.sweep("in the test", owned=[worker.pid])
     print(json.dumps({{
-        "worker_status": worker.wait(), "short_reaped": reaped, "swept": swept,
+        "worker_status": worker.wait(), "short_reaped": reaped,
+        "leader_reaped": leader_reaped, "swept": swept,
         "long_running": running(long), "deaf_running": running(deaf),
         "helper_running": helper.poll() is None, "own_running": own.poll() is None,
     }}))
@@ -142,6 +148,7 @@ def test_the_sweep_leaves_the_agents_own_children_alone(tmp_path: Path, by: str)
     assert json.loads(done.stdout) == {
         "worker_status": 7,  # not read by the reaping: torch reads its workers' status
         "short_reaped": True,
+        "leader_reaped": True,  # a worker's setsid child that ended: no zombie left
         "swept": 2,
         "long_running": False,
         "deaf_running": False,
@@ -150,6 +157,7 @@ def test_the_sweep_leaves_the_agents_own_children_alone(tmp_path: Path, by: str)
     }
     assert "ending 2 processes the workers left running in the test" in done.stderr
     assert "1 of them outlived SIGTERM by 0.3 s: SIGKILL" in done.stderr
+    assert "still running" not in done.stderr
 
 
 def alive(pid: int) -> bool:

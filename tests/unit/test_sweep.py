@@ -58,16 +58,19 @@ def test_nothing_outside_the_agents_tree_is_taken() -> None:
     assert leftovers(table((AGENT, AGENT, AGENT)), AGENT, AGENT) == []
 
 
-def test_only_adopted_zombies_that_lead_no_session_are_reaped() -> None:
+def test_adopted_zombies_are_reaped_session_leaders_too_but_not_the_owned_workers() -> None:
     rows = table(
         (107, AGENT, 102, "Z"),  # adopted from a worker's session: reaped
-        (111, AGENT, 111, "Z"),  # a session leader: a fresh worker torch reads the status of
+        (110, AGENT, 110, "Z"),  # a worker's setsid child, adopted: reaped
+        (111, AGENT, 111, "Z"),  # a fresh worker torch reads the status of: owned
         (112, AGENT, AGENT, "Z"),  # the agent's own child in its session
         (114, AGENT, 102),  # running
         (115, 114, 102, "Z"),  # not the agent's child
         (116, AGENT, 105, "Z"),  # spared
     )
-    assert adopted_zombies(rows, AGENT, AGENT, spared=(116,)) == [107]
+    assert adopted_zombies(rows, AGENT, AGENT, spared=(116,), owned=(111,)) == [107, 110]
+    # As the agent ends, torch has read its workers' status: they are reaped too.
+    assert adopted_zombies(rows, AGENT, AGENT, spared=(116,)) == [107, 110, 111]
 
 
 def test_the_log_names_a_few_commands_and_counts_the_rest() -> None:
