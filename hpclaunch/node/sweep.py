@@ -10,7 +10,10 @@ So the agent makes itself a *child subreaper* (``Sweeper.start``): what a worker
 is re-parented to the agent instead, and stays in the step's process tree. After each
 worker group stops (a restart in place) and when the agent ends, ``Sweeper.sweep`` ends
 every descendant of the agent that a worker started: SIGTERM, ``SWEEP_GRACE_S`` to
-exit, then SIGKILL.
+exit, then SIGKILL, in passes that all end within ``KILL_TIME_S``: one sweep takes at
+most ``SWEEP_GRACE_S + KILL_TIME_S``, twice that for a restart's sweep followed by the
+agent's last one, well within SLURM's KillWait (30 s by default) while it holds off
+stop signals.
 
 Which descendants: torch and the zygote start each worker in a session of its own, and
 a process cannot join another session, only start one; so all that a worker started
@@ -50,8 +53,9 @@ log = logging.getLogger(__name__)
 PR_SET_CHILD_SUBREAPER = 36
 # How long what the workers left gets between SIGTERM and SIGKILL.
 SWEEP_GRACE_S = 2.0
-# How long SIGKILLed processes may take to exit (a process in uninterruptible I/O).
-KILL_WAIT_S = 5.0
+# How long all passes of SIGKILL may wait, together, for their targets to exit (a
+# process in uninterruptible I/O may take longer: it is then named, and left).
+KILL_TIME_S = 3.0
 # Passes of SIGKILL: each one also finds what the last one's targets started meanwhile.
 KILL_PASSES = 3
 # Seconds between looks for adopted processes that ended by themselves.
@@ -93,6 +97,40 @@ def adopted_zombies(
         if p.ppid == agent and p.zombie and p.session != session
         and p.pid not in spared and p.pid not in owned
     )  # fmt: skip
+
+
+def kill_wait(left_s: float, passes_left: int) -> float:
+    """How long a pass of SIGKILL waits for its targets, with ``left_s`` of the sweep's
+    time left and ``passes_left`` passes, this one included: an equal share, so that a
+    process stuck in uninterruptible I/O does not take the later passes' time (pure)."""
+    return max(0.0, left_s) / max(1, passes_left)
+
+
+def outcome(
+    termed: Collection[int], killed: Collection[int], left: list[tuple[int, str]],
+    grace_s: float,
+) -> list[tuple[int, str]]:  # fmt: skip
+    """The log lines (level, text) that end a sweep: ``termed`` got SIGTERM, ``killed``
+    SIGKILL (some of them found only after the SIGTERM: started meanwhile), ``left``
+    (pid, command) still run as the sweep ends (pure)."""
+    lines = []
+    outlived = len(set(killed) & set(termed))
+    later = len(set(killed) - set(termed))
+    parts = [f"{outlived} of them outlived SIGTERM by {grace_s:g} s"] if outlived else []
+    if later:
+        parts.append(f"{later} {'was' if later == 1 else 'were'} started meanwhile")
+    if parts:
+        lines.append((logging.WARNING, f"{' and '.join(parts)}: SIGKILL"))
+    stuck = [(pid, command) for pid, command in left if pid in killed]
+    if stuck:
+        lines.append((logging.ERROR, f"still running after SIGKILL: {describe(stuck)}"))
+    unsignalled = [(pid, command) for pid, command in left if pid not in killed]
+    if unsignalled:
+        lines.append((
+            logging.ERROR,
+            f"started after the last SIGKILL, left running: {describe(unsignalled)}",
+        ))  # fmt: skip
+    return lines
 
 
 def describe(found: list[tuple[int, str]], named: int = NAMED) -> str:
@@ -242,30 +280,33 @@ class Sweeper:
             len(found), "process" if len(found) == 1 else "processes", when, self.grace_s,
             describe(found),
         )  # fmt: skip
-        ended = {t.proc.pid for t in targets}
+        termed = {t.proc.pid for t in targets}
         for target in targets:
             target.send(signal.SIGTERM)
             target.send(signal.SIGCONT)  # a stopped process acts on SIGTERM only so
         _wait_exit(targets, self.grace_s)
         _close(targets)
+        killed, left = self._kill(time.monotonic() + KILL_TIME_S)
+        described = [(p.pid, procs.command_line(p.pid)) for p in left]
+        for level, line in outcome(termed, killed, described, self.grace_s):
+            log.log(level, "%s", line)
+        self._reap_zombies(owned)
+        return len(termed | killed)
+
+    def _kill(self, deadline: float) -> tuple[set[int], list[Proc]]:
+        """SIGKILL what still runs, in up to KILL_PASSES passes that end by ``deadline``;
+        the pids killed, and what still runs after the last pass."""
         killed: set[int] = set()
-        stuck: list[_Target] = []
-        for _ in range(KILL_PASSES):
+        for passes_left in range(KILL_PASSES, 0, -1):
             targets = self._targets()
             if not targets:
-                break
+                return killed, []
             for target in targets:
                 target.send(signal.SIGKILL)
             killed.update(t.proc.pid for t in targets)
-            stuck = _wait_exit(targets, KILL_WAIT_S)
+            _wait_exit(targets, kill_wait(deadline - time.monotonic(), passes_left))
             _close(targets)
-        else:
-            log.error("still running after SIGKILL: %s", describe(
-                [(t.proc.pid, procs.command_line(t.proc.pid)) for t in stuck]))  # fmt: skip
-        if killed:
-            log.warning("%d of them outlived SIGTERM by %g s: SIGKILL", len(killed), self.grace_s)
-        self._reap_zombies(owned)
-        return len(ended | killed)
+        return killed, leftovers(procs.snapshot(), self.pid, self.session, self.spared)
 
     def _targets(self) -> list[_Target]:
         found = leftovers(procs.snapshot(), self.pid, self.session, self.spared)

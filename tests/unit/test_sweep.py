@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 from hpclaunch.node.procs import Proc
-from hpclaunch.node.sweep import adopted_zombies, describe, leftovers
+from hpclaunch.node.sweep import (
+    KILL_PASSES,
+    KILL_TIME_S,
+    SWEEP_GRACE_S,
+    adopted_zombies,
+    describe,
+    kill_wait,
+    leftovers,
+    outcome,
+)
 
 AGENT = 100  # the agent leads session 100 here
 
@@ -71,6 +82,46 @@ def test_adopted_zombies_are_reaped_session_leaders_too_but_not_the_owned_worker
     assert adopted_zombies(rows, AGENT, AGENT, spared=(116,), owned=(111,)) == [107, 110]
     # As the agent ends, torch has read its workers' status: they are reaped too.
     assert adopted_zombies(rows, AGENT, AGENT, spared=(116,)) == [107, 110, 111]
+
+
+def test_the_passes_of_sigkill_end_within_the_sweeps_time() -> None:
+    # Every pass waits its whole share (a process stuck in uninterruptible I/O).
+    left, waits = KILL_TIME_S, []
+    for passes_left in range(KILL_PASSES, 0, -1):
+        waits.append(kill_wait(left, passes_left))
+        left -= waits[-1]
+    assert waits == [1.0, 1.0, 1.0]
+    assert sum(waits) == KILL_TIME_S
+    assert SWEEP_GRACE_S + KILL_TIME_S <= 5.0  # twice that is well within KillWait (30 s)
+    # A pass whose targets exited at once leaves its time to the later ones.
+    assert kill_wait(2.9, 2) == 1.45
+    # Past the deadline, a pass still sends SIGKILL but does not wait.
+    assert kill_wait(-0.5, 1) == 0.0
+
+
+def test_the_lines_that_end_a_sweep_say_what_happened() -> None:
+    ok: list[tuple[int, str]] = []
+    assert outcome({1, 2}, set(), ok, 2.0) == []
+    assert outcome({1, 2}, {2}, ok, 2.0) == [
+        (logging.WARNING, "1 of them outlived SIGTERM by 2 s: SIGKILL")
+    ]
+    # Processes found only after the SIGTERM (started meanwhile) are not counted as
+    # having outlived it.
+    assert outcome({1, 2}, {2, 3, 4}, ok, 0.3) == [
+        (
+            logging.WARNING,
+            "1 of them outlived SIGTERM by 0.3 s and 2 were started meanwhile: SIGKILL",
+        )
+    ]
+    assert outcome({1}, {3}, ok, 2.0) == [(logging.WARNING, "1 was started meanwhile: SIGKILL")]
+    # The last pass killed everything: no "still running" line.
+    assert not any(level == logging.ERROR for level, _ in outcome({1}, {1}, ok, 2.0))
+    left = [(1, "sleep 1"), (9, "sleep 9")]
+    assert outcome({1}, {1}, left, 2.0) == [
+        (logging.WARNING, "1 of them outlived SIGTERM by 2 s: SIGKILL"),
+        (logging.ERROR, "still running after SIGKILL: 1 sleep 1"),
+        (logging.ERROR, "started after the last SIGKILL, left running: 9 sleep 9"),
+    ]
 
 
 def test_the_log_names_a_few_commands_and_counts_the_rest() -> None:
