@@ -10,7 +10,7 @@ import json
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,6 +71,15 @@ class Run:
     verdict: str | None = None  # why the job ended, for a person (storage, hang)
 
 
+_RUN_FIELDS = frozenset(f.name for f in fields(Run))
+
+
+def _known(run: Mapping[str, Any]) -> dict[str, Any]:
+    """``run``'s fields that this hpclaunch knows: a history written by an older or a
+    newer one (a field added or dropped since) still loads."""
+    return {key: value for key, value in run.items() if key in _RUN_FIELDS}
+
+
 @dataclass
 class History:
     """``history.json``: every run of the job, newest last."""
@@ -110,7 +119,7 @@ class History:
         path = JobFolder(job_dir).history
         try:
             data = json.loads(path.read_text())
-            runs = [Run(**run) for run in data["runs"]]
+            runs = [Run(**_known(run)) for run in data["runs"]]
             checkpoint_dir = data.get("checkpoint_dir")
             lead = data.get("signal_lead_s")
             signal_lead_s = None if lead is None else float(lead)

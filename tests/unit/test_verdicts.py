@@ -5,6 +5,7 @@ show them. (The same faults on the sandbox: tests/integration/test_storage_fault
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from hpclaunch.jobdir.errortext import (
     timed_out,
 )
 from hpclaunch.jobdir.failures import Finding, NodeRecord, Verdict, WorkerFailure, classify
-from hpclaunch.jobdir.history import Action, History, Reason, finish
+from hpclaunch.jobdir.history import Action, History, HistoryError, Reason, finish
 from hpclaunch.ops.status import gather
 from hpclaunch.recovery import verdicts
 from hpclaunch.recovery.policy import Decision, Situation, decide
@@ -235,3 +236,22 @@ def test_status_shows_the_verdict_of_a_storage_failure(tmp_path: Path) -> None:
     text = render_status(status)
     assert f"  verdict:         the checkpoint folder {ckpt} cannot be written: Read-only" in text
     assert "shared folder not writable -> none" in text
+
+
+def test_a_history_with_fields_this_version_does_not_know_loads(tmp_path: Path) -> None:
+    """An older hpclaunch reads a newer one's history (the ``verdict`` field, and
+    whatever comes later) and the other way round: unknown fields are left out."""
+    history = History(41, 3)
+    history.start({"SLURM_JOB_NODELIST": "n1"}, 0)
+    history.save(tmp_path)
+    path = tmp_path / "history.json"
+    data = json.loads(path.read_text())
+    data["runs"][0]["from_a_newer_version"] = {"x": 1}
+    del data["runs"][0]["verdict"]  # as an older version wrote it
+    path.write_text(json.dumps(data))
+    loaded = History.load(tmp_path, 41)
+    assert [(r.requeue_count, r.nodes, r.verdict) for r in loaded.runs] == [(0, "n1", None)]
+    data["runs"][0].pop("nodes")  # a field it needs is still required
+    path.write_text(json.dumps(data))
+    with pytest.raises(HistoryError, match="not a history hpclaunch wrote"):
+        History.load(tmp_path, 41)
