@@ -35,9 +35,14 @@ _VARYING: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # pointers and other hex: 0x7f3a..., digests and ids of 8 or more hex digits
         (r"(?i)\b0x[0-9a-f]+\b", "<hex>"),
         (r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", "<hex>"),
-        # any other number (pids, ports, sizes, durations with their unit: 3000ms,
-        # steps); digits that end a name (n2, rank0, cuda0) are the name's
-        (r"(?<![A-Za-z_\d])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "<n>"),
+        # pids and ports, by the word before them: (pid 3301), pid=3301, port 29500
+        (r"(?i)\b(pid|port)([\s=:#]*)\d+\b", r"\1\2<n>"),
+        # durations with their unit: 30000ms, 30 s, ran for 600005 milliseconds,
+        # NCCL's Timeout(ms)=600000
+        (r"(?<![\w.])\d+(?:\.\d+)? ?(?:[mun]?s|milliseconds?|seconds?)\b", "<n>"),
+        (r"(?i)\bTimeout\(ms\)=\d+", "Timeout(ms)=<n>"),
+        # Any other number is kept: GPU 3 and GPU 5, rank 2 and rank 3 are not the
+        # same error (an error that follows its rank must look like one).
     )
 )  # fmt: skip
 _SPACE = re.compile(r"\s+")
@@ -45,9 +50,10 @@ _SPACE = re.compile(r"\s+")
 
 def normalise(message: str) -> str:
     """``message`` with what differs between runs of the same error masked: pids,
-    ports, addresses (IPv4, IPv6, host:port), pointers and other hex ids, dates and
-    times, and every other number that stands alone. Two messages are the same
-    error when their normal forms are equal."""
+    ports, addresses (IPv4, IPv6, host:port), pointers and other hex ids, UUIDs,
+    dates and times, durations. Other numbers stay (a device's, a rank's, a step's
+    number tells errors apart). Two messages are the same error when their normal
+    forms are equal."""
     text = message
     for pattern, placeholder in _VARYING:
         text = pattern.sub(placeholder, text)

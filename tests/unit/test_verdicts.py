@@ -70,10 +70,13 @@ def rec(node: str, attempt: int, *workers: tuple[int, int, str]) -> NodeRecord:
         ("bad tensor at 0x7f3a9c001e40", "bad tensor at 0x55d2b10a3f00"),
         ("at 2026-11-24T17:25:49.509Z: boom", "at 2026-12-01 08:01:02: boom"),
         ("I1124 17:25:49.509000 boom", "I1124 09:03:11.000417 boom"),
-        (".step-000000000004.tmp-93a27944_6e3b_4878_aa2b_4aafee54a7b9-0-0",
-         ".step-000000000009.tmp-0c9f1d2e-aaaa-4bbb-8ccc-0123456789ab-1-2"),
+        (".step-4.tmp-93a27944_6e3b_4878_aa2b_4aafee54a7b9",
+         ".step-4.tmp-0c9f1d2e-aaaa-4bbb-8ccc-0123456789ab"),
         ("Timed out waiting 30000ms", "Timed out waiting 1800000ms"),
-        ("ValueError: bad value at step 3", "ValueError: bad value at step 11"),
+        ("no answer in 30 s (PID: 17)", "no answer in 2.5 s (PID: 9120)"),
+        ("OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600005 milliseconds",
+         "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800017 milliseconds"),
+        ("listening on port=29500 failed", "listening on port=31877 failed"),
         # blanks
         ("a  b\tc ", "a b c"),
     ],
@@ -90,6 +93,11 @@ def test_what_varies_run_to_run_is_not_the_error(one: str, other: str) -> None:
         ("CUDA error: out of memory", "CUDA error: an illegal memory access"),
         ("OSError: [Errno 28] No space left on device", "OSError: [Errno 30] Read-only file"),
         ("cuda0 failed", "cuda1 failed"),
+        # a device's, a rank's, a step's number is part of the error: an error that
+        # follows its rank must not look like one that follows a GPU
+        ("RuntimeError: ECC error on GPU 3", "RuntimeError: ECC error on GPU 5"),
+        ("ValueError: bad value at step 3", "ValueError: bad value at step 11"),
+        ("rank 3 lost its input", "rank 5 lost its input"),
     ],
 )  # fmt: skip
 def test_different_errors_stay_different(one: str, other: str) -> None:
