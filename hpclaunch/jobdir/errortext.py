@@ -108,10 +108,13 @@ class SharedFolder:
 
     def named_in(self, message: str) -> bool:
         """Whether ``message`` names this folder or a path inside it (as given, or
-        with symbolic links resolved)."""
+        with symbolic links resolved); a path that merely ends like it
+        (/home/u/scratch/ckpt for /scratch/ckpt) is another folder."""
         forms = {os.path.normpath(self.path), os.path.realpath(self.path)}
         return any(
-            re.search(re.escape(form.rstrip("/")) + r"(?![^/\s'\"),;:\]])", message)
+            re.search(
+                r"(?<![\w./-])" + re.escape(form.rstrip("/")) + r"(?![^/\s'\"),;:\]])", message
+            )
             for form in forms
             if form.rstrip("/")
         )

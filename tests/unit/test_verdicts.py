@@ -118,6 +118,10 @@ def test_storage_faults_need_a_storage_error_on_a_shared_folder() -> None:
     # a node's own disk, a folder that merely starts like the shared one, no errno text
     assert storage_fault("OSError: [Errno 28] No space left on device: '/tmp/x'", SHARED) is None
     assert storage_fault(f"No space left on device: '{CKPT}-old/x'", SHARED) is None
+    assert storage_fault(f"No space left on device: '/home/u{CKPT}/x'", SHARED) is None
+    assert storage_fault(f"No space left on device: '.{CKPT}/x'", SHARED) is None
+    assert storage_fault(f"No space left on device ({CKPT}/x)", SHARED) is not None
+    assert storage_fault(f"{CKPT}/x: No space left on device", SHARED) is not None
     assert storage_fault(f"RuntimeError: file write failed: {CKPT}/x", SHARED) is None
     assert storage_fault(FULL_RANK0, ()) is None
 
