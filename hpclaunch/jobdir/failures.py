@@ -71,11 +71,34 @@ class NodeRecord:
 
 
 def message_of(failure: Failure) -> str:
-    """One line for a failed worker: its traceback's or stderr's last line, else its exit."""
+    """One line for a failed worker: its traceback's or stderr's last line, else its exit;
+    but a collective's timeout in the last lines of its stderr, when that line is not
+    one (NCCL's watchdog aborts the process: its stderr ends in C++ frames and
+    ``terminate called``, which would read as an error of the rank's own)."""
     text, _ = traceback_of(failure)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    last = re.sub(r"^\[rank\d+\]:\s*", "", lines[-1]) if lines else ""
+    last = _LOG_PREFIX.sub("", lines[-1]) if lines else ""
+    if not timed_out(last):
+        last = _timeout_line(failure.stderr_file) or last
     return last or describe_exit(failure.exitcode)
+
+
+# What torch puts before a line of a rank's log: [rank1]:, glog's [E1124 17:25:49.5 12 x.cpp:616]
+_LOG_PREFIX = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:\[[EWIF]\d{4} [^\]]*\]\s*)?")
+_TIMEOUT_TAIL_LINES = 80
+
+
+def _timeout_line(stderr_file: str) -> str:
+    """The first line among the last lines of ``stderr_file`` that says a collective
+    timed out (see errortext.timed_out); "" when none does or it cannot be read."""
+    if not stderr_file:
+        return ""
+    try:
+        tail = Path(stderr_file).read_text(errors="replace").splitlines()[-_TIMEOUT_TAIL_LINES:]
+    except OSError:
+        return ""
+    found = (_LOG_PREFIX.sub("", line.strip()) for line in tail if timed_out(line))
+    return next(found, "")
 
 
 def write(job_dir: Path, record: NodeRecord) -> Path:

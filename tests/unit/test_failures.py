@@ -80,3 +80,58 @@ def test_an_error_that_follows_its_rank_is_a_bug() -> None:
     bad = Finding(Verdict.BAD_NODES, ("n3",), BUG)
     again = Situation(1, None, 1, None, 3, bad, failure_requeues=1, earlier_errors=(BUG,))
     assert decide(again) == Decision(Action.NONE, Reason.BUG, 1)
+
+
+# How a rank's stderr ends when NCCL's watchdog aborts it (torch 2.x, ProcessGroupNCCL):
+# the timeout, then C++'s terminate and the frames of the watchdog thread.
+NCCL_ABORT = """\
+[rank{rank}]:[E1124 17:25:49.509000 {pid} ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog \
+caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1024, \
+NumelOut=1024, Timeout(ms)=600000) ran for {ran} milliseconds before timing out.
+[rank{rank}]:[E1124 17:25:49.510000 {pid} ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID \
+0(default_pg) Rank {rank}] Exception (either an error before or timeout detected): \
+[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, \
+OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) \
+ran for {ran} milliseconds before timing out.
+[rank{rank}]:[E1124 17:25:49.511000 {pid} ProcessGroupNCCL.cpp:630] [Rank {rank}] Some NCCL \
+operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, \
+subsequent GPU operations might run on corrupted/incomplete data.
+terminate called after throwing an instance of 'c10::DistBackendError'
+  what():  [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Process group watchdog thread \
+terminated with exception: [Rank {rank}] Watchdog caught collective operation timeout: \
+WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) \
+ran for {ran} milliseconds before timing out.
+Exception raised from checkTimeout at \
+/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:618 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3a9c001e40 in \
+/opt/venv/lib/python3.11/site-packages/torch/lib/libc10.so)
+frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration\
+<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f3a4c2a1b52 in \
+/opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so)
+frame #2: <unknown function> + 0xdc253 (0x7f3ab5a4d253 in /lib/x86_64-linux-gnu/libstdc++.so.6)
+frame #3: <unknown function> + 0x94ac3 (0x7f3ab7e94ac3 in /lib/x86_64-linux-gnu/libc.so.6)
+"""
+
+
+def test_an_nccl_watchdog_abort_is_a_timeout_not_an_error_of_its_own(tmp_path: Path) -> None:
+    """Every rank's stderr ends in C++ frames; the line that says what happened is the
+    watchdog's timeout, above them: the records then say a hang, not a bug."""
+    records = []
+    for node, rank, seq, ran, pid in (("n1", 0, 41, 600005, 3301), ("n2", 1, 42, 600017, 9120)):
+        err = tmp_path / f"rank-{rank}.err"
+        err.write_text("warning: numpy\n" + NCCL_ABORT.format(rank=rank, seq=seq, ran=ran, pid=pid))
+        failure = Failure(rank, 0, -int(signal.SIGABRT), pid, 0.0, "", str(err))
+        records.append(failures.record_of(node, rank, 0, 0, [failure]))
+    (w0,), (w1,) = (r.workers for r in records)
+    assert w0.message == (
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, "
+        "OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600005 "
+        "milliseconds before timing out."
+    )
+    assert w0.waited and w1.waited and not records[0].own_errors
+    assert classify(records, ["n1", "n2"]) == Finding(Verdict.HANG, (), w0.message)
+    # an error of the rank's own stays its own, and a log with no timeout changes nothing
+    err = tmp_path / "own.err"
+    err.write_text("[rank0]: Traceback (most recent call last):\n[rank0]: ValueError: bad\n")
+    own = failures.message_of(Failure(0, 0, 1, 1, 0.0, "", str(err)))
+    assert own == "ValueError: bad"
