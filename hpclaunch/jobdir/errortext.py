@@ -74,6 +74,12 @@ class StorageErrno(enum.Enum):
     EDQUOT = "Disk quota exceeded"
     EROFS = "Read-only file system"
     EACCES = "Permission denied"
+    # Not an errno: the supervisor's test write got no answer at all (a hung mount).
+    HUNG = "did not answer a test write"
+
+    @property
+    def is_errno(self) -> bool:
+        return self is not StorageErrno.HUNG
 
     @property
     def fix(self) -> str:
@@ -85,11 +91,15 @@ class StorageErrno(enum.Enum):
             StorageErrno.EROFS: "its filesystem is mounted read-only: ask your cluster's "
             "administrators to make it writable",
             StorageErrno.EACCES: "make it writable for the job's user (`ls -ld` shows who owns it)",
+            StorageErrno.HUNG: "its filesystem hangs (a lost mount or file server): ask your "
+            "cluster's administrators",
         }[self]
 
 
-_STORAGE = re.compile("|".join(re.escape(e.value) for e in StorageErrno), re.IGNORECASE)
-_BY_TEXT = {e.value.lower(): e for e in StorageErrno}
+_STORAGE = re.compile(
+    "|".join(re.escape(e.value) for e in StorageErrno if e.is_errno), re.IGNORECASE
+)
+_BY_TEXT = {e.value.lower(): e for e in StorageErrno if e.is_errno}
 
 
 def storage_errno(message: str) -> StorageErrno | None:

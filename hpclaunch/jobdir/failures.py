@@ -197,6 +197,7 @@ class Finding:
     nodes: tuple[str, ...] = ()  # the bad nodes (BAD_NODES)
     message: str = ""  # the error (BUG, STORAGE, HANG), or the first bad node's
     storage: StorageFault | None = None  # the folder and its error (STORAGE)
+    seen_on: tuple[str, ...] = ()  # the hosts that saw that error (STORAGE)
 
 
 def classify(
@@ -218,12 +219,13 @@ def classify(
     # The first attempt's lowest rank that said it: with one writer, rank 0 has the
     # filesystem's own words; the others echo them.
     said = sorted(
-        ((r.attempt, w.rank, w.message, fault) for r in ordered for w in r.workers
+        ((r.attempt, w.rank, w.message, fault, r.node) for r in ordered for w in r.workers
          if (fault := storage_fault(w.message, shared)) is not None),
         key=lambda found: found[:2],
     )  # fmt: skip
     if said:
-        return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3])
+        seen_on = tuple(sorted({found[4] for found in said}))
+        return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3], seen_on=seen_on)
     erred: dict[str, list[str]] = {}
     for record in ordered:
         for worker in record.own_errors:

@@ -276,6 +276,8 @@ class Supervisor:
                 self.job_dir is not None and JobFolder(self.job_dir).cancelled.exists(),
             )
         )  # fmt: skip
+        if self.verdict is not None and verdicts.stands(self.finding, decision.reason):
+            log.error("supervisor: %s", self.verdict)
         decision = self._act(decision)
         self._record(result.status, result.first_signal, decision)
         return decision.exit_status
@@ -286,13 +288,12 @@ class Supervisor:
         records = failures.read(job_dir, self.requeue_count)
         shared = verdicts.shared(self.env, job_dir)
         self.finding = verdicts.examine(records, job_nodes(self.env), shared)
+        self.finding = verdicts.hang_or_lost(self.finding, self.slurm, job_nodes(self.env))
         if self.finding.verdict is not failures.Verdict.HANG:  # a waiter's block misleads
             _print_root_cause(job_dir, self.requeue_count, failures.culprit(records, self.finding))
         log.info("supervisor: failure records: %s %s", self.finding.verdict.value,
                  " ".join(self.finding.nodes))  # fmt: skip
-        self.verdict = verdicts.explain(self.finding, self.job_id, job_dir)
-        if self.verdict is not None:
-            log.error("supervisor: %s", self.verdict)
+        self.verdict = verdicts.explain(self.finding, self.job_id, job_dir, job_nodes(self.env))
 
     def _act(self, decision: requeue.Decision) -> requeue.Decision:
         """Carry ``decision`` out; the decision as it ended (a refused requeue fails)."""

@@ -294,6 +294,11 @@ class NodeState:
     state: str  # e.g. "idle", "allocated", "down", "drained", "mixed"
     responding: bool = True
 
+    @property
+    def lost(self) -> bool:
+        """Down, failed or not responding: a node the job has lost."""
+        return not self.responding or self.state in ("down", "fail", "failing")
+
 
 # sinfo marks states with one trailing flag character; "*" is "not responding".
 _STATE_FLAGS = "*~#!%$@^-"

@@ -38,6 +38,8 @@ def test_a_rank_that_hangs_every_time_is_a_hang_not_a_bug(sandbox: Running, tmp_
     history = json.loads((job.job_dir / "history.json").read_text())
     assert history["excluded_nodes"] == [] and job.fields()["Restarts"] == "0"
     assert "Timed out waiting" in history["runs"][0]["error"]
-    assert job.log.count("supervisor: every rank that failed timed out in a collective") == 1
+    assert (
+        job.log.count("supervisor: every rank that failed timed out waiting in a collective") == 1
+    )
     assert "the same error on every node" not in job.log
     assert "root cause: rank" not in job.log  # each block there is a waiting rank's

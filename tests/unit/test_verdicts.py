@@ -142,10 +142,11 @@ def test_a_shared_folder_is_found_by_its_real_path(tmp_path: Path) -> None:
         # the rank 0 that saves is on n1; n2's ranks learn of it: the storage, no node
         ([rec("n1", 0, (0, 1, FULL_RANK0), (1, -15, PEER)), rec("n2", 0, (2, 1, FULL_OTHERS))],
          Finding(Verdict.STORAGE, (), FULL_RANK0,
-                 StorageFault(SHARED[0], StorageErrno.ENOSPC))),
+                 StorageFault(SHARED[0], StorageErrno.ENOSPC), ("n1", "n2"))),
         # only rank 0's node wrote a record (its own errors only): still no node to blame
         ([rec("n1", 0, (0, 1, READ_ONLY)), rec("n1", 1, (0, 1, READ_ONLY))],
-         Finding(Verdict.STORAGE, (), READ_ONLY, StorageFault(SHARED[0], StorageErrno.EROFS))),
+         Finding(Verdict.STORAGE, (), READ_ONLY, StorageFault(SHARED[0], StorageErrno.EROFS),
+                 ("n1",))),
         # every failed rank timed out waiting: a hang, not a bug
         ([rec("n1", 0, (0, 1, TIMEOUT), (1, 1, TIMEOUT)), rec("n2", 0, (3, 1, TIMEOUT))],
          Finding(Verdict.HANG, (), TIMEOUT)),
@@ -203,13 +204,14 @@ def test_the_messages_name_the_folder_the_error_and_the_fix() -> None:
     message = verdicts.explain(Finding(Verdict.STORAGE, (), FULL_RANK0, fault), 41, None)
     assert message is not None
     for part in (f"checkpoint folder {CKPT}", "No space left on device", "free space",
-                 "no node is kept out", "scontrol requeue 41", "--checkpoint-dir"):  # fmt: skip
+                 "No node is kept out", "scontrol requeue 41", "--checkpoint-dir"):  # fmt: skip
         assert part in message, part
     fault = StorageFault(SHARED[1], StorageErrno.EROFS)
     message = verdicts.storage_message(fault, 41)
     assert f"job folder {JOB_DIR}" in message and "read-only" in message and "--log-dir" in message
     hang = verdicts.explain(Finding(Verdict.HANG, (), TIMEOUT), 41, Path(JOB_DIR))
-    assert hang is not None and "a hang, not an error in the script" in hang
+    assert hang is not None and "not an error in the script" not in hang
+    assert "timed out waiting in a collective" in hang and "a rank hung, or the ranks" in hang
     assert f"{JOB_DIR}/logs" in hang
     assert verdicts.explain(Finding(Verdict.BUG, (), "x"), 41, None) is None
 
