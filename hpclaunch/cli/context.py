@@ -205,7 +205,11 @@ def etcd_access_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     from hpclaunch.node.options import AgentSettings
 
     access = ("etcd_binary", "etcd_cacert", "etcd_cert", "etcd_key", "etcd_user")
-    rows = [r for r in contract.table(AgentSettings) if r.name in (*access, "etcd_password_file")]
+    rows = [
+        r
+        for r in contract.table(AgentSettings)
+        if r.name in (*access, "etcd_password_file", "etcd_outage_timeout")
+    ]
     for row in reversed(rows):
         fn = _options(row, None)[0](fn)
     return fn

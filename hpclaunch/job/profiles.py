@@ -141,6 +141,7 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "etcd_key": ("etcd_key", _STR),
     "etcd_user": ("etcd_user", _STR),
     "etcd_password_file": ("etcd_password_file", _STR),
+    "etcd_outage_timeout": ("etcd_outage_timeout", _expect((int, float), "a number of seconds")),
     "no_kill": ("no_kill", _expect(bool, "true or false")),
     "node_multiple": ("node_multiple", _INT),
     "master_port": ("master_port", _INT),

@@ -73,7 +73,7 @@ class EtcdRdzv(Rendezvous):
     keys: ClassVar[Mapping[str, str]] = {
         "etcd_endpoint": "endpoints", "etcd_sidecar": "sidecar", "etcd_binary": "binary",
         "etcd_cacert": "cacert", "etcd_cert": "cert", "etcd_key": "key", "etcd_user": "user",
-        "etcd_password_file": "password_file",
+        "etcd_password_file": "password_file", "etcd_outage_timeout": "outage_timeout",
     }  # fmt: skip
 
     endpoints: tuple[str, ...] = ()
@@ -84,6 +84,7 @@ class EtcdRdzv(Rendezvous):
     key: str | None = None
     user: str | None = None
     password_file: str | None = None
+    outage_timeout: float | None = None  # None: the handler's default (120 s)
 
     def __post_init__(self) -> None:
         if not isinstance(self.endpoints, tuple):
@@ -105,6 +106,13 @@ class EtcdRdzv(Rendezvous):
             )
         if self.password_file is not None and self.user is None:
             raise SpecError("etcd_password_file", "a password file needs --etcd-user NAME as well")
+        timeout = self.outage_timeout
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            shown = f"{timeout:g}" if isinstance(timeout, (int, float)) else repr(timeout)
+            raise SpecError(
+                "etcd_outage_timeout",
+                f"{shown} is not a positive number of seconds; give e.g. 120",
+            )
         if self.sidecar and (self.cacert or self.cert or self.user):
             raise SpecError(
                 "etcd_sidecar",
@@ -124,6 +132,7 @@ class EtcdRdzv(Rendezvous):
         given = {
             "cacert": self.cacert, "cert": self.cert, "key": self.key,
             "user": self.user, "password_file": self.password_file,
+            "outage_timeout": None if self.outage_timeout is None else f"{self.outage_timeout:g}",
         }  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 

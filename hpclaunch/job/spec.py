@@ -190,6 +190,7 @@ class JobSpec:
     etcd_key = EtcdSetting()
     etcd_user = EtcdSetting()
     etcd_password_file = EtcdSetting()
+    etcd_outage_timeout = EtcdSetting()
 
     @property
     def agent_grace_s(self) -> int:

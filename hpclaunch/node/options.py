@@ -116,6 +116,10 @@ class AgentSettings:
     etcd_password_file: str | None = setting(
         None, "--etcd-password-file", Text(), "File whose first line is the etcd password."
     )
+    etcd_outage_timeout: float | None = setting(
+        None, "--etcd-outage-timeout", Number(float, min=0),
+        "Seconds a running job waits for an unreachable etcd before it fails. [default: 120]",
+    )  # fmt: skip
     master_addr: str | None = setting(
         None, "--master-addr", Text(),
         "Address of the first node. [default: its name, or its NodeAddr]", Script.NEVER,
@@ -165,6 +169,7 @@ class AgentSettings:
             etcd_binary=spec.etcd_binary, etcd_cacert=spec.etcd_cacert, etcd_cert=spec.etcd_cert,
             etcd_key=spec.etcd_key, etcd_user=spec.etcd_user,
             etcd_password_file=spec.etcd_password_file,
+            etcd_outage_timeout=spec.etcd_outage_timeout,
         )  # fmt: skip
 
     def to_argv(self) -> list[str]:

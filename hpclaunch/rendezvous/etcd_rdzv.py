@@ -40,6 +40,7 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 from hpclaunch.errors import EtcdError
 from hpclaunch.rendezvous.delays import Pacing
 from hpclaunch.rendezvous.etcd.access import Access, read_password
+from hpclaunch.rendezvous.etcd.outage import DEFAULT_OUTAGE_TIMEOUT_S, forgive_heartbeats
 from hpclaunch.rendezvous.ranked_c10d import RankedHandler, RankedNodeDesc, node_multiple
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ KEY_ROOT = "/hpclaunch/rdzv/"
 LEASE_TTL_S = 30
 # How long the store's blocking get/wait is allowed when torch sets no timeout.
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
+# For this long after etcd came back, heartbeats the outage kept from etcd are forgiven.
+FORGIVE_S = 60.0
 
 
 def _bytes(value: str | bytes) -> bytes:
@@ -81,7 +84,7 @@ class EtcdBackend(dynamic.RendezvousBackend):
             kv, revision = self._call(lambda: self._etcd.get(self._key))
         self._known = max(self._known, revision)
         self._held = kv.mod_revision if kv is not None else 0
-        return None if kv is None else (kv.value, kv.mod_revision)
+        return None if kv is None else (self._forgiven(kv.value), kv.mod_revision)
 
     def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
         expected = token if isinstance(token, int) else None
@@ -90,7 +93,15 @@ class EtcdBackend(dynamic.RendezvousBackend):
             return None
         self._known = max(self._known, kv.mod_revision)
         self._held = kv.mod_revision
-        return kv.value, kv.mod_revision, done
+        return self._forgiven(kv.value), kv.mod_revision, done
+
+    def _forgiven(self, state: bytes) -> bytes:
+        """The state, its heartbeats forgiven for an outage etcd came back from lately."""
+        outage = getattr(self._etcd, "outage", None)
+        recovered_at = outage.recovered_at if outage is not None else None
+        if recovered_at is None or time.time() - recovered_at > FORGIVE_S:
+            return state
+        return forgive_heartbeats(state, recovered_at)
 
     def wait_for_change(self, timeout_s: float) -> None:
         """Return when the state changes after the one last handed to torch, or after
@@ -254,6 +265,7 @@ def access_from(params: RendezvousParameters) -> Access:
         user=params.get("user"),
         password=read_password(os.environ, params.get("password_file")),
         timeout_s=float(params.get("etcd_timeout", 5.0)),
+        outage_timeout_s=float(params.get("outage_timeout", DEFAULT_OUTAGE_TIMEOUT_S)),
     )
 
 

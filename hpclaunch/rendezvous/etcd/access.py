@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpclaunch.errors import EtcdError
+from hpclaunch.rendezvous.etcd.outage import DEFAULT_OUTAGE_TIMEOUT_S
 
 PASSWORD_VAR = "HPCLAUNCH_ETCD_PASSWORD"
 DEFAULT_TIMEOUT_S = 5.0
@@ -25,6 +26,8 @@ class Access:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # How long a running job waits for an unreachable etcd (--etcd-outage-timeout).
+    outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S
 
     @property
     def tls(self) -> bool:
@@ -38,6 +41,11 @@ class Access:
             raise EtcdError(
                 f"{given} is given alone; a client certificate needs both --etcd-cert and "
                 "--etcd-key"
+            )
+        if not self.outage_timeout_s > 0:
+            raise EtcdError(
+                f"--etcd-outage-timeout {self.outage_timeout_s:g} is not a positive number "
+                "of seconds; give e.g. --etcd-outage-timeout 120"
             )
         if self.user is not None and self.password is None:
             raise EtcdError(

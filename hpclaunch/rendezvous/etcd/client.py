@@ -27,6 +27,7 @@ from etcd3gw import exceptions as gw_errors
 
 from hpclaunch.errors import EtcdError
 from hpclaunch.rendezvous.etcd.access import Access
+from hpclaunch.rendezvous.etcd.outage import EtcdUnavailable, Outage, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,15 @@ class Etcd:
     """A connection to the first of ``access.endpoints`` that answers.
 
     Every method raises EtcdError naming the endpoint. Keys and values are bytes
-    or str; values come back as bytes.
+    or str; values come back as bytes. Once connected, a request waits out an
+    outage of etcd (``outage``: up to ``access.outage_timeout_s``).
     """
 
     def __init__(self, access: Access, endpoint: str, client: Any) -> None:
         self.access = access
         self.endpoint = endpoint
         self._client = client
+        self.outage: Outage | None = None  # None: a failed request raises at once
 
     @classmethod
     def connect(cls, access: Access) -> Etcd:
@@ -80,28 +83,48 @@ class Etcd:
             except EtcdError as exc:
                 problems.append(str(exc))
                 continue
+            etcd.outage = Outage(endpoint, access.outage_timeout_s)
             return etcd
         raise EtcdError("; ".join(problems))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        outage = self.outage
+        if outage is None:
+            return self._post_once(path, body)
+        return outage.call(lambda: self._post_once(path, body))
+
+    def _post_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One request. EtcdUnavailable where etcd may answer a retry, else EtcdError."""
         try:
             result = self._client.post(self._client.get_url(path), json=body)
         except EtcdError:
             raise
         except gw_errors.ConnectionFailedError as exc:
-            raise EtcdError(self._unreachable(exc.detail_text or str(exc))) from None
-        except gw_errors.ConnectionTimeoutError:
-            raise EtcdError(
+            raise self._failed_connection(exc.detail_text or str(exc)) from None
+        except (gw_errors.ConnectionTimeoutError, gw_errors.InternalServerError) as exc:
+            if isinstance(exc, gw_errors.InternalServerError):  # etcd's 500: e.g. no leader
+                detail = session.message(exc.detail_text or str(exc))
+                raise EtcdUnavailable(f"etcd at {self.endpoint} failed {path}: {detail}") from None
+            raise EtcdUnavailable(
                 f"etcd at {self.endpoint} did not answer within {self.access.timeout_s:g} s; "
                 "check that etcd runs there and that this node can reach it (--etcd-endpoint)"
             ) from None
         except gw_errors.Etcd3Exception as exc:
             detail = session.message(exc.detail_text or str(exc))
+            if unavailable(detail):
+                raise EtcdUnavailable(f"etcd at {self.endpoint}: {detail}") from None
             hint = next((h for k, h in _HINTS.items() if k in detail), "")
             raise EtcdError(f"etcd at {self.endpoint} refused {path}: {detail}{hint}") from None
         if not isinstance(result, dict):
             raise EtcdError(f"etcd at {self.endpoint} answered {path} with {result!r}")
         return result
+
+    def _failed_connection(self, detail: str) -> EtcdError:
+        """A refused, reset or closed connection (or etcd's 503) is an outage; a TLS
+        failure is a setting to fix."""
+        text = self._unreachable(detail)
+        tls = "CERTIFICATE_VERIFY_FAILED" in detail or "SSL" in detail
+        return EtcdError(text) if tls else EtcdUnavailable(text)
 
     def _unreachable(self, detail: str) -> str:
         if "CERTIFICATE_VERIFY_FAILED" in detail or "SSL" in detail:
@@ -176,15 +199,21 @@ class Etcd:
 
     def wait_change(self, key: str | bytes, after_revision: int, timeout_s: float) -> bool:
         """Block until ``key`` changes after ``after_revision`` or ``timeout_s`` passes;
-        True if it changed. Starting the watch at that revision misses no change."""
+        True if it changed. Starting the watch at that revision misses no change.
+        While etcd is unreachable (an outage being waited out), True after a pause of
+        at most a second: the caller reads the key again, which waits the outage out."""
         if timeout_s <= 0:
             return False
+        start = time.monotonic()
         try:
             self._client.watch_once(key, timeout=timeout_s, start_revision=after_revision + 1)
         except gw_errors.WatchTimedOut:
             return False
         except (gw_errors.Etcd3Exception, requests.RequestException) as exc:
-            raise EtcdError(self._unreachable(str(exc))) from None
+            error = self._failed_connection(str(exc))
+            if self.outage is None or not isinstance(error, EtcdUnavailable):
+                raise error from None
+            time.sleep(max(0.0, min(timeout_s, 1.0) - (time.monotonic() - start)))
         return True
 
     # -- leases -------------------------------------------------------------
@@ -272,7 +301,7 @@ class KeyWatch:
         body = {"key": _b64(self._key)}
         if self._range_end is not None:
             body["range_end"] = _b64(self._range_end)
-        out = self._etcd._post("/kv/range", body)
+        out = self._etcd._post_once("/kv/range", body)  # _run retries, stream and all
         revision = int(out["header"]["revision"])
         with self._cond:
             self._kvs = {
