@@ -223,3 +223,18 @@ def test_flat_rendezvous_keys_nest_into_the_spec(dirs: tuple[Path, dict[str, str
     with pytest.raises(SpecError) as info:
         build_spec(ENTRY, {"rdzv": "etcd", "etcd_endpoint": ("h:70000",)}, None)
     assert str(info.value).startswith("--etcd-endpoint: 'h:70000' is not host:port")
+
+
+def test_the_etcd_outage_timeout_comes_from_a_profile(dirs: tuple[Path, dict[str, str]]) -> None:
+    cwd, env = dirs
+    write(
+        cwd / "hpclaunch.toml",
+        '[profiles.p]\nrdzv = "etcd"\netcd_endpoint = ["e1:2379"]\netcd_outage_timeout = 45\n',
+    )
+    job = build_spec(ENTRY, {}, load_profile("p", cwd, env))
+    assert job.rdzv == EtcdRdzv(endpoints=("e1:2379",), outage_timeout=45)
+    assert job.etcd_outage_timeout == 45
+    assert (
+        build_spec(ENTRY, {"rdzv": "etcd", "etcd_endpoint": ("e:1",)}, None).etcd_outage_timeout
+        is None
+    )

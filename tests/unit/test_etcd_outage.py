@@ -68,7 +68,7 @@ def test_an_outage_is_retried_with_growing_delays_and_logged_once_each_way(
     assert clock.sleeps == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
-    assert lines[0].startswith("etcd at etcd1:2379 is unreachable (etcd at etcd1:2379: conn")
+    assert lines[0].startswith("etcd at etcd1:2379 is unreachable (connection refused); ")
     assert "waiting up to 60 s" in lines[0]
     assert lines[1] == "etcd at etcd1:2379 is back after 9.1 s"
     assert waits.recovered_at == 5000.0
@@ -81,8 +81,9 @@ def test_an_outage_longer_than_the_timeout_is_an_error_naming_etcd_and_the_time(
     with pytest.raises(EtcdError) as caught:
         waits.call(request)
     assert not isinstance(caught.value, EtcdUnavailable)
-    assert str(caught.value).startswith(
-        "etcd at etcd1:2379 was unreachable for 10 s, longer than --etcd-outage-timeout 10: "
+    assert str(caught.value) == (
+        "etcd at etcd1:2379 was unreachable for 10 s, longer than --etcd-outage-timeout 10 "
+        "(connection refused); check etcd there, or give a longer --etcd-outage-timeout"
     )
     assert clock.now == pytest.approx(110.0)  # the last sleep stops at the timeout
     assert waits.recovered_at is None

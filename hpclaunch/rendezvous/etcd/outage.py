@@ -85,8 +85,8 @@ class Outage:
                 if left <= 0:
                     raise EtcdError(
                         f"etcd at {self.endpoint} was unreachable for {down_for:.0f} s, longer "
-                        f"than --etcd-outage-timeout {self.timeout_s:g}: {exc}; check etcd "
-                        "there, or give a longer --etcd-outage-timeout"
+                        f"than --etcd-outage-timeout {self.timeout_s:g} ({self._detail(exc)}); "
+                        "check etcd there, or give a longer --etcd-outage-timeout"
                     ) from None
                 self._sleep(min(delay, left))
                 delay = min(delay * 2, MAX_DELAY_S)
@@ -102,9 +102,13 @@ class Outage:
                 self._down_since = now
                 log.warning(
                     "etcd at %s is unreachable (%s); waiting up to %g s for it to come back "
-                    "(--etcd-outage-timeout)", self.endpoint, exc, self.timeout_s,
+                    "(--etcd-outage-timeout)", self.endpoint, self._detail(exc), self.timeout_s,
                 )  # fmt: skip
             return now - self._down_since
+
+    def _detail(self, exc: EtcdError) -> str:
+        """The error without the endpoint the line names already."""
+        return str(exc).removeprefix(f"etcd at {self.endpoint}: ")
 
     def _answered(self) -> None:
         if self._down_since is None:  # the usual case: no lock taken
