@@ -105,16 +105,8 @@ def _enable_auth(server: EtcdServer) -> None:
     _etcdctl(server, "auth", "enable")
 
 
-@contextmanager
-def etcd_server(
-    folder: Path, ip: str = "127.0.0.1", *, tls: bool = False, auth: bool = False
-) -> Iterator[EtcdServer]:
-    """An etcd on ``ip`` and a free port, stopped (by PID) and removed afterwards."""
-    binary = require_etcd()
-    folder.mkdir(parents=True, exist_ok=True)
-    port = free_port(ip)
-    tls_dir = make_certs(folder / "tls", sorted({ip, "127.0.0.1"})) if tls else None
-    scheme = "https" if tls else "http"
+def _argv(binary: str, folder: Path, ip: str, port: int, tls_dir: Path | None) -> list[str]:
+    scheme = "https" if tls_dir is not None else "http"
     argv = [
         binary, "--name", "test", "--data-dir", str(folder / "data"),
         "--listen-client-urls", f"{scheme}://{ip}:{port}",
@@ -129,8 +121,33 @@ def etcd_server(
             "--cert-file", str(tls_dir / "server.crt"), "--key-file", str(tls_dir / "server.key"),
             "--trusted-ca-file", str(tls_dir / "ca.crt"), "--client-cert-auth",
         ]  # fmt: skip
-    with (folder / "etcd.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    return argv
+
+
+def _start(argv: list[str], folder: Path) -> subprocess.Popen[bytes]:
+    with (folder / "etcd.log").open("ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def etcd_server(
+    folder: Path, ip: str = "127.0.0.1", *, tls: bool = False, auth: bool = False
+) -> Iterator[EtcdServer]:
+    """An etcd on ``ip`` and a free port, stopped (by PID) and removed afterwards."""
+    binary = require_etcd()
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port(ip)
+    tls_dir = make_certs(folder / "tls", sorted({ip, "127.0.0.1"})) if tls else None
+    proc = _start(_argv(binary, folder, ip, port, tls_dir), folder)
     server = EtcdServer(f"{ip}:{port}", proc, tls_dir, auth=False)
     try:
         _wait_healthy(server, folder / "etcd.log")
@@ -139,12 +156,33 @@ def etcd_server(
             server = EtcdServer(server.endpoint, proc, tls_dir, auth=True)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
+
+
+class RestartableEtcd:
+    """A plain etcd that can be killed and started again on the same port and data
+    folder (its keys and leases kept), as an operator's restart does."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        port = free_port("127.0.0.1")
+        self.endpoint = f"127.0.0.1:{port}"
+        self._argv = _argv(require_etcd(), folder, "127.0.0.1", port, None)
+        self.proc = _start(self._argv, folder)
+        _wait_healthy(EtcdServer(self.endpoint, self.proc), folder / "etcd.log")
+
+    def outage(self, down_s: float) -> None:
+        """Kill etcd (SIGKILL, as a crash), keep it down ``down_s``, start it again
+        and wait until it serves."""
+        self.proc.kill()
+        self.proc.wait()
+        time.sleep(down_s)  # the outage itself, not a wait for a condition
+        self.proc = _start(self._argv, self.folder)
+        _wait_healthy(EtcdServer(self.endpoint, self.proc), self.folder / "etcd.log")
+
+    def stop(self) -> None:
+        _stop(self.proc)
 
 
 def _wait_healthy(server: EtcdServer, log: Path, timeout_s: float = 20.0) -> None:
