@@ -64,6 +64,7 @@ def slurm_job(env: Mapping[str, str]) -> Owner:
     return Owner(
         Kind.SLURM, env["SLURM_JOB_ID"], env.get("SLURM_JOB_NAME"),
         env.get("SLURM_JOB_USER") or _user(), env.get("SLURM_SUBMIT_HOST"), time.time(),
+        cluster=env.get("SLURM_CLUSTER_NAME") or None,
     )  # fmt: skip
 
 
@@ -74,16 +75,23 @@ def local_job(job_id: str, name: str | None = None) -> Owner:
     return Owner(Kind.LOCAL, job_id, name, _user(), socket.gethostname(), time.time(), start)
 
 
-def holder(owner: Owner, slurm: Slurm | None, *, completing_wait_s: float = COMPLETING_WAIT_S,
-           poll_s: float = 1.0) -> Holder:  # fmt: skip
-    """Whether the job ``owner`` names is still active. A SLURM job that is COMPLETING
-    (its processes being ended, its epilog running) is asked about again until it has
-    ended, for ``completing_wait_s`` at most. Raises nothing: what cannot be told is
-    UNKNOWN, with why."""
+def holder(
+    owner: Owner, slurm: Slurm | None, *, cluster: str | None = None,
+    completing_wait_s: float = COMPLETING_WAIT_S, poll_s: float = 1.0,
+) -> Holder:  # fmt: skip
+    """Whether the job ``owner`` names is still active; ``cluster`` is the cluster
+    this runs on, when known. A SLURM job that is COMPLETING (its processes being
+    ended, its epilog running) is asked about again until it has ended, for
+    ``completing_wait_s`` at most. Raises nothing: what cannot be told is UNKNOWN,
+    with why."""
     if owner.kind is Kind.LOCAL:
         return _local_holder(owner)
     if slurm is None:
         return Holder(owner, Liveness.UNKNOWN, "SLURM cannot be asked from here")
+    if owner.cluster and cluster and owner.cluster != cluster:
+        return Holder(owner, Liveness.UNKNOWN, f"it ran on cluster {owner.cluster}, and "
+                      f"hpclaunch asks only this cluster's ({cluster}) SLURM; if it is over, "
+                      f"remove the {marker.MARKER} marker from the folder")  # fmt: skip
     answer = slurm.lookup(owner.job_id)
     deadline = time.monotonic() + completing_wait_s
     while _completing(answer) and time.monotonic() < deadline:
@@ -97,11 +105,23 @@ def holder(owner: Owner, slurm: Slurm | None, *, completing_wait_s: float = COMP
             return Holder(owner, Liveness.UNKNOWN, unknown)
         return Holder(owner, Liveness.ENDED if state.final else Liveness.ACTIVE, state.value)
     if answer.forgotten:
-        return Holder(owner, Liveness.ENDED, "SLURM no longer knows it")
+        return _forgotten(owner)
     if answer.not_on_path:
         return Holder(owner, Liveness.UNKNOWN, "SLURM's commands are not on PATH here")
     said = "; ".join(filter(None, (answer.scontrol_error, answer.sacct_error)))
     return Holder(owner, Liveness.UNKNOWN, f"SLURM did not answer: {said or 'no answer'}")
+
+
+def _forgotten(owner: Owner) -> Holder:
+    """SLURM has no record of the job: it ended long ago, unless it is another user's
+    and SLURM hides other users' jobs (PrivateData=jobs)."""
+    me = _user()
+    if owner.user and me and owner.user != me:
+        return Holder(owner, Liveness.UNKNOWN, f"SLURM shows no record of it, and it is user "
+                      f"{owner.user}'s, whose jobs SLURM may not show to {me}, so hpclaunch "
+                      f"cannot see them; if it is over, remove the {marker.MARKER} marker from "
+                      "the folder")  # fmt: skip
+    return Holder(owner, Liveness.ENDED, "SLURM no longer knows it")
 
 
 def _completing(answer: JobLookup) -> bool:
@@ -111,8 +131,8 @@ def _completing(answer: JobLookup) -> bool:
 def _local_holder(owner: Owner) -> Holder:
     if owner.host != socket.gethostname() or not owner.job_id.isdigit():
         return Holder(owner, Liveness.UNKNOWN, f"it runs on {owner.host}, whose processes this "
-                      f"machine cannot see; if it is over, remove {marker.MARKER} from the "
-                      "folder")  # fmt: skip
+                      f"machine cannot see; if it is over, remove the {marker.MARKER} "
+                      "marker from the folder")  # fmt: skip
     pid = int(owner.job_id)
     if marker.process_alive(pid, owner.pid_start):
         return Holder(owner, Liveness.ACTIVE, f"running (process {pid})")
@@ -153,7 +173,11 @@ def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) ->
     MarkerError, OSError (the folder or the marker cannot be written)."""
     for _ in range(_TRIES):
         owner, seen = marker.read(folder)
-        held = None if owner is None or owner.same_job(me) else holder(owner, slurm)
+        held = (
+            None
+            if owner is None or owner.same_job(me)
+            else holder(owner, slurm, cluster=me.cluster)
+        )
         decision = decide(Situation(str(folder), Stage.START, owner, held, _latest(folder),
                                     adopt, me=me))  # fmt: skip
         if not decision.allowed:
@@ -161,7 +185,7 @@ def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) ->
         if decision.verdict is Verdict.OWN:
             return decision
         folder.mkdir(parents=True, exist_ok=True)
-        if marker.create(folder, me) if seen is None else marker.replace(folder, seen, me):
+        if marker.take(folder, seen, me):
             return decision
     raise FolderTaken(Decision(Verdict.IN_USE, f"checkpoint folder {folder} was taken by "
                                f"other jobs starting at the same moment, {_TRIES} times; give "

@@ -116,7 +116,7 @@ def wait_for_release(path):
 folder, ckpt, release = sys.argv[1:]
 ex = hpclaunch.Executor(folder, cluster="local", nproc_per_node=1, checkpoint_dir=ckpt)
 first = ex.submit(wait_for_release, release)
-marker = Path(ckpt) / ".hpclaunch-owner.json"
+marker = Path(ckpt) / ".hpclaunch-owner.1.json"  # the first job's, numbered 1
 while not marker.exists():
     time.sleep(0.05)
 out = {"owner": json.loads(marker.read_text())["job_id"], "first": first.job_id}

@@ -5,6 +5,7 @@ FakeRunner, and `hpclaunch sbatch`'s refusal. The sandbox tier runs real jobs
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import subprocess
@@ -38,6 +39,8 @@ ME = Owner(Kind.SLURM, "42", "train", "ana", "login1")
 ACTIVE = Holder(HOLDER, Liveness.ACTIVE, "RUNNING")
 ENDED = Holder(HOLDER, Liveness.ENDED, "COMPLETED")
 UNKNOWN = Holder(HOLDER, Liveness.UNKNOWN, "SLURM did not answer: timed out")
+# The holder, of the user running the tests (SLURM shows this user's jobs).
+HOLDER_HERE = Owner(Kind.SLURM, "41", "train", getpass.getuser(), "login1")
 
 
 def situation(
@@ -131,21 +134,24 @@ def test_singleton_waits_only_for_the_same_name_and_user() -> None:
 
 
 def test_the_marker_is_created_once_and_replaced_only_as_it_was_read(tmp_path: Path) -> None:
-    assert owner.read(tmp_path) == (None, None)
+    assert owner.read(tmp_path) == (None, 0)
     assert owner.create(tmp_path, HOLDER)
     assert not owner.create(tmp_path, ME)  # the first one stays
     found, seen = owner.read(tmp_path)
-    assert found == HOLDER and seen is not None
+    assert found == HOLDER and seen == 1
     other = Owner(Kind.SLURM, "43")
-    assert not owner.replace(tmp_path, seen.replace("41", "40"), other)  # changed since
+    assert not owner.take(tmp_path, seen - 1, other)  # changed since
     assert owner.read(tmp_path)[0] == HOLDER
-    assert owner.replace(tmp_path, seen, ME)
-    assert owner.read(tmp_path)[0] == ME
-    assert sorted(p.name for p in tmp_path.iterdir()) == [owner.MARKER]  # no temporaries
+    assert owner.take(tmp_path, seen, ME)
+    assert owner.read(tmp_path) == (ME, 2)
+    assert not owner.take(tmp_path, seen, other)  # read before ME took it
+    assert owner.read(tmp_path) == (ME, 2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [".hpclaunch-owner.2.json"]  # no temporaries, the older one pruned
 
 
 def test_a_marker_hpclaunch_did_not_write_is_named(tmp_path: Path) -> None:
-    (tmp_path / owner.MARKER).write_text("{not json")
+    (tmp_path / ".hpclaunch-owner.1.json").write_text("{not json}\n")
     with pytest.raises(MarkerError, match=r"is not a marker hpclaunch wrote .* Remove it once"):
         owner.read(tmp_path)
 
@@ -183,14 +189,14 @@ def test_a_folder_of_a_running_job_is_refused_at_start_and_left_as_it_was(tmp_pa
 
 
 def test_an_ended_jobs_folder_is_taken_only_when_asked(tmp_path: Path) -> None:
-    owner.create(tmp_path, HOLDER)
+    owner.create(tmp_path, HOLDER_HERE)
     _commit(tmp_path, 4)
     slurm = Slurm(_scontrol("forgotten"))  # ended longer ago than MinJobAge, no accounting
     with pytest.raises(
         FolderTaken, match=r"up to step 4 left by job 41 .*\(SLURM no longer knows it\)"
     ):
         claim.claim_start(tmp_path, ME, adopt=False, slurm=slurm)
-    assert owner.read(tmp_path)[0] == HOLDER
+    assert owner.read(tmp_path)[0] == HOLDER_HERE
     assert claim.claim_start(tmp_path, ME, adopt=True, slurm=slurm).verdict is Verdict.ADOPT
     assert owner.read(tmp_path)[0] == ME
     # The same job again (a requeue) owns it without asking SLURM.
