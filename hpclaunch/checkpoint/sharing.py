@@ -13,7 +13,10 @@ when it is submitted and when it starts:
   has ended; it must also say that it continues from the checkpoints left;
 - no committed checkpoint in the folder: taken;
 - committed checkpoints of an ended job, or of no job hpclaunch knows (no marker: an
-  older hpclaunch, or copied in by hand): taken only with ``adopt_checkpoints``.
+  older hpclaunch, or copied in by hand): taken only with ``adopt_checkpoints``;
+- at submit, a job with a dependency, without ``adopt_checkpoints``: refused, since the
+  job it waits for may not have taken the folder yet (pending) and would leave
+  checkpoints this job starts from, to be refused only at start, hours later.
 
 No I/O: every input is a plain value.
 """
@@ -149,6 +152,8 @@ def decide(s: Situation) -> Decision:
         if holder.liveness is Liveness.UNKNOWN:
             return Decision(Verdict.UNKNOWN, _unknown(s, holder))
         return Decision(Verdict.IN_USE, _in_use(s, holder))
+    if s.stage is Stage.SUBMIT and s.dependency and not s.adopt:
+        return Decision(Verdict.QUEUED_UNASKED, _waits_unasked(s))
     if s.latest_step is None:
         return Decision(Verdict.FREE, f"checkpoint folder {s.folder} holds no checkpoint")
     if s.adopt:
@@ -201,6 +206,15 @@ def _queued_unasked(s: Situation, holder: Holder) -> str:
         f"checkpoint folder {s.folder} is in use by {holder.owner.describe()}, and this job "
         "waits for it (its dependency): it would then start from the checkpoints that job "
         f"leaves. Say so with {s.spell.adopt}, or give this job another {s.spell.folder}"
+    )
+
+
+def _waits_unasked(s: Situation) -> str:
+    return (
+        f"checkpoint folder {s.folder}: this job waits for another (dependency {s.dependency}) "
+        "and would start from whatever checkpoints that job leaves in this folder, which "
+        f"holds none of a running job yet. Say so with {s.spell.adopt} (harmless if that job "
+        f"uses another folder), or give this job another {s.spell.folder}"
     )
 
 

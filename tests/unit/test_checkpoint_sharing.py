@@ -75,6 +75,11 @@ def situation(
         (situation(Stage.SUBMIT, HOLDER, ACTIVE, 9, True, "after:41"), Verdict.IN_USE),
         (situation(Stage.SUBMIT, HOLDER, ENDED, 9), Verdict.LEFT),
         (situation(Stage.SUBMIT, HOLDER, ENDED, 9, adopt=True), Verdict.ADOPT),
+        # The job waited for may still be pending, its marker not written yet.
+        (situation(Stage.SUBMIT, None, None, None, False, "afterany:41"), Verdict.QUEUED_UNASKED),
+        (situation(Stage.SUBMIT, HOLDER, ENDED, None, False, "afterok:41"), Verdict.QUEUED_UNASKED),
+        (situation(Stage.SUBMIT, None, None, None, True, "afterany:41"), Verdict.FREE),
+        (situation(Stage.START, None, None, None, False, "afterany:41"), Verdict.FREE),
     ],
 )
 def test_the_rule(case: Situation, verdict: Verdict) -> None:
@@ -275,3 +280,20 @@ def test_sbatch_refuses_a_folder_in_use_before_submitting(tmp_path: Path) -> Non
     assert code == 0, err
     script = (tmp_path / "hpclaunch-logs" / "42" / "job.sbatch").read_text()
     assert "hpclaunch supervise --max-requeues 3 --grace-period 120 --adopt-checkpoints" in script
+
+
+def test_sbatch_refuses_a_job_that_waits_for_another_without_saying_it_continues(
+    tmp_path: Path,
+) -> None:
+    """The job waited for is still pending: it has not marked the folder yet."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    runner = _scontrol("PENDING")
+    runner.handlers = {**runner.handlers, "sbatch": lambda a: CommandResult(a, 0, "42\n")}
+    chained = ["--checkpoint-dir", "ckpt", "--sbatch-option", "dependency=afterany:41"]
+    code, err = _sbatch_cli(tmp_path, [*chained, "train.py"], runner)
+    assert code == 1
+    assert err.startswith(f"Error: checkpoint folder {tmp_path / 'ckpt'}: this job waits for")
+    assert "Say so with --adopt-checkpoints" in err
+    assert not [c for c in runner.calls if c[0] == "sbatch"]
+    code, err = _sbatch_cli(tmp_path, [*chained, "--adopt-checkpoints", "train.py"], runner)
+    assert code == 0, err
