@@ -194,7 +194,6 @@ class Supervisor:
         self.history: History | None = None
         if job_dir is not None:
             self.history = History.load(job_dir, self.job_id, max_requeues)
-            self.history.checkpoint_dir = env.get(CHECKPOINT_DIR_VAR) or self.history.checkpoint_dir
         self.run = self.history.start(env, self.requeue_count) if self.history else None
         self.finding: failures.Finding | None = None
         self.verdict: str | None = None  # the message for a person, when no node is to blame
@@ -226,11 +225,14 @@ class Supervisor:
             reason = requeue.Reason.FOLDER_REFUSED
             refused = requeue.Decision(requeue.Action.NONE, reason, int(exc.exit_code))
             if self.history is not None and self.run is not None and self.job_dir is not None:
-                finish(self.run, None, None, refused, str(exc))
+                # The folder is not this job's: `hpclaunch status` shows why, not its contents.
+                finish(self.run, None, None, refused, str(exc), verdict=str(exc))
                 self.history.save(self.job_dir)
             return refused.exit_status
         if said:
             log.info("supervisor: %s", said)
+        if folder and self.history is not None:
+            self.history.checkpoint_dir = folder
         return None
 
     def before_step(self) -> int | None:

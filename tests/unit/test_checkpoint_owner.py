@@ -101,3 +101,29 @@ def test_another_users_job_slurm_does_not_show_is_not_taken_for_ended(tmp_path: 
     # This user's own job that SLURM no longer knows has ended.
     owner.take(tmp_path, owner.read(tmp_path)[1], ENDED)
     assert claim.claim_start(tmp_path, TAKER, adopt=False, slurm=_slurm(set())).allowed
+
+
+def test_a_refused_run_records_why_and_not_the_other_jobs_folder(tmp_path: Path) -> None:
+    from hpclaunch.jobdir.history import History
+    from hpclaunch.node.worker_env import CHECKPOINT_DIR
+    from hpclaunch.ops.status import gather
+    from hpclaunch.recovery.supervisor import Supervisor
+
+    ckpt, job_dir = tmp_path / "ckpt", tmp_path / "logs" / "42"
+    ckpt.mkdir()
+    owner.create(ckpt, OTHER)
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_USER": USER, CHECKPOINT_DIR: str(ckpt)}
+    supervisor = Supervisor(env, _slurm({"43"}), job_dir, 3, 1)
+    assert supervisor.claim_checkpoints(adopt=False) == 1
+    history = History.load(job_dir, 42)
+    assert history.checkpoint_dir is None
+    refusal = f"checkpoint folder {ckpt} is in use by job 43"
+    assert (history.runs[-1].verdict or "").startswith(refusal)
+    status = gather(42, None, {"HOME": str(tmp_path)}, job_dir)
+    assert status.checkpoint_dir != str(ckpt)
+    assert (status.verdict or "").startswith(refusal)
+    # A job that takes its folder records it.
+    mine = Supervisor({**env, "SLURM_JOB_ID": "44"}, _slurm(set()), tmp_path / "44", 3, 1)
+    (ckpt / ".hpclaunch-owner.1.json").unlink()
+    assert mine.claim_checkpoints(adopt=False) is None
+    assert mine.history is not None and mine.history.checkpoint_dir == str(ckpt)
