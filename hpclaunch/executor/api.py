@@ -131,7 +131,7 @@ class _LocalBackend(LocalExecutor):
         spec = self._spec()
         settings = LocalSettings.of(spec, Path.cwd())
         if settings.checkpoint_dir is not None:
-            _check_checkpoints(Path(settings.checkpoint_dir), spec, None)
+            _check_checkpoints(Path(settings.checkpoint_dir), spec, self.array)
         _make_folder(Path(settings.log_dir), "log_dir")
         if settings.checkpoint_dir is not None:
             _make_folder(Path(settings.checkpoint_dir), "checkpoint_dir")
@@ -167,6 +167,11 @@ class _LocalBackend(LocalExecutor):
     def _internal_process_submissions(
         self, delayed_submissions: list[utils.DelayedSubmission]
     ) -> list[Any]:
+        if len(delayed_submissions) > 1:  # one folder for them all: refused before any starts
+            spec = self._spec()
+            folder = LocalSettings.of(spec, Path.cwd()).checkpoint_dir
+            if folder is not None:
+                _check_checkpoints(Path(folder), spec, (len(delayed_submissions), None))
         jobs = []
         for delayed in delayed_submissions:  # one controller (one job) per call
             jobs += _submit_pickled(self, [delayed])

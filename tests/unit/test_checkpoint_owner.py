@@ -127,3 +127,24 @@ def test_a_refused_run_records_why_and_not_the_other_jobs_folder(tmp_path: Path)
     (ckpt / ".hpclaunch-owner.1.json").unlink()
     assert mine.claim_checkpoints(adopt=False) is None
     assert mine.history is not None and mine.history.checkpoint_dir == str(ckpt)
+
+
+def test_a_local_map_array_with_one_checkpoint_folder_is_refused_before_any_job_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hpclaunch
+    from hpclaunch.executor import api
+
+    started: list[str] = []
+
+    def start(self: object, command: str) -> None:
+        started.append(command)
+        raise RuntimeError("a job was started")
+
+    monkeypatch.setattr(api._LocalBackend, "_submit_command", start)
+    monkeypatch.chdir(tmp_path)
+    executor = hpclaunch.Executor(tmp_path / "ex", cluster="local", checkpoint_dir="ckpt")
+    with pytest.raises(hpclaunch.HpclaunchError, match=r"ckpt' .* shared by the 2 jobs of this"):
+        executor.map_array(abs, [1, 2])
+    assert started == []
+    assert not (tmp_path / "ckpt").exists()
