@@ -6,6 +6,7 @@ of the job it names, and the rule (``hpclaunch.checkpoint.sharing``). No torch.
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 import time
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from hpclaunch.checkpoint.sharing import (
     decide,
 )
 from hpclaunch.errors import ExitCode, HpclaunchError
+from hpclaunch.node import procs
 from hpclaunch.slurm.states import JobState
 
 if TYPE_CHECKING:
@@ -71,7 +73,8 @@ def slurm_job(env: Mapping[str, str]) -> Owner:
 def local_job(job_id: str, name: str | None = None) -> Owner:
     """A job of ``hpclaunch.Executor(cluster="local")``: ``job_id`` is the pid of
     submitit's controller on this machine, which lives as long as the job."""
-    start = marker.process_start(int(job_id)) if job_id.isdigit() else None
+    found = procs.proc(int(job_id)) if job_id.isdigit() else None
+    start = str(found.start_time) if found is not None else None
     return Owner(Kind.LOCAL, job_id, name, _user(), socket.gethostname(), time.time(), start)
 
 
@@ -112,6 +115,21 @@ def holder(
     return Holder(owner, Liveness.UNKNOWN, f"SLURM did not answer: {said or 'no answer'}")
 
 
+def _process_alive(pid: int, start: str | None) -> bool:
+    """Whether process ``pid`` runs on this machine and is the one that started at
+    ``start`` (when known: a pid can be reused). Zombies count as gone."""
+    found = procs.proc(pid)
+    if found is not None:
+        return not found.zombie and (start is None or str(found.start_time) == start)
+    try:  # gone, or /proc does not show it (none, or hidepid): kill(0) is all there is
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's: it exists
+    return True
+
+
 def _forgotten(owner: Owner) -> Holder:
     """SLURM has no record of the job: it ended long ago, unless it is another user's
     and SLURM hides other users' jobs (PrivateData=jobs)."""
@@ -134,7 +152,7 @@ def _local_holder(owner: Owner) -> Holder:
                       f"machine cannot see; if it is over, remove the {marker.MARKER} "
                       "marker from the folder")  # fmt: skip
     pid = int(owner.job_id)
-    if marker.process_alive(pid, owner.pid_start):
+    if _process_alive(pid, owner.pid_start):
         return Holder(owner, Liveness.ACTIVE, f"running (process {pid})")
     return Holder(owner, Liveness.ENDED, f"its process {pid} is gone")
 

@@ -126,33 +126,6 @@ def read(folder: Path) -> tuple[Owner | None, int]:
     raise MarkerError(f"the markers in {folder} changed {_READS} times while being read")
 
 
-def process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in /proc (clock ticks since boot), or None
-    where there is no /proc or no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def process_alive(pid: int, start: str | None) -> bool:
-    """Whether process ``pid`` runs on this machine and is the one that started at
-    ``start`` (when known: a pid can be reused). Zombies count as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's: it exists
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc: kill(0) is all there is
-    return state != "Z" and (start is None or process_start(pid) == start)
-
-
 def create(folder: Path, owner: Owner) -> bool:
     """Write the first marker, naming ``owner``; False when another was there first.
     Raises OSError."""
