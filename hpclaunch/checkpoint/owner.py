@@ -70,6 +70,8 @@ class Owner:
         where = "submitted from" if self.kind is Kind.SLURM else "on"
         if self.host:
             parts.append(f"{where} {self.host}")
+        if self.cluster:
+            parts.append(f"cluster {self.cluster}")
         label = "job" if self.kind is Kind.SLURM else "local job"
         return f"{label} {self.job_id}" + (f" ({', '.join(parts)})" if parts else "")
 
