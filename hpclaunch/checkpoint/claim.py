@@ -94,7 +94,7 @@ def holder(
     if owner.cluster and cluster and owner.cluster != cluster:
         return Holder(owner, Liveness.UNKNOWN, f"it ran on cluster {owner.cluster}, and "
                       f"hpclaunch asks only this cluster's ({cluster}) SLURM; if it is over, "
-                      f"remove the {marker.MARKER} marker from the folder")  # fmt: skip
+                      f"remove the {marker.MARKERS} marker from the folder")  # fmt: skip
     answer = slurm.lookup(owner.job_id)
     deadline = time.monotonic() + completing_wait_s
     while _completing(answer) and time.monotonic() < deadline:
@@ -137,7 +137,7 @@ def _forgotten(owner: Owner) -> Holder:
     if owner.user and me and owner.user != me:
         return Holder(owner, Liveness.UNKNOWN, f"SLURM shows no record of it, and it is user "
                       f"{owner.user}'s, whose jobs SLURM may not show to {me}, so hpclaunch "
-                      f"cannot see them; if it is over, remove the {marker.MARKER} marker from "
+                      f"cannot see them; if it is over, remove the {marker.MARKERS} marker from "
                       "the folder")  # fmt: skip
     return Holder(owner, Liveness.ENDED, "SLURM no longer knows it")
 
@@ -149,7 +149,7 @@ def _completing(answer: JobLookup) -> bool:
 def _local_holder(owner: Owner) -> Holder:
     if owner.host != socket.gethostname() or not owner.job_id.isdigit():
         return Holder(owner, Liveness.UNKNOWN, f"it runs on {owner.host}, whose processes this "
-                      f"machine cannot see; if it is over, remove the {marker.MARKER} "
+                      f"machine cannot see; if it is over, remove the {marker.MARKERS} "
                       "marker from the folder")  # fmt: skip
     pid = int(owner.job_id)
     if _process_alive(pid, owner.pid_start):

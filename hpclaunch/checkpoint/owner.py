@@ -26,7 +26,7 @@ from pathlib import Path
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobdir.atomic import fsync_folder, write_bytes_atomic
 
-MARKER = ".hpclaunch-owner.N.json"  # for messages
+MARKERS = ".hpclaunch-owner.N.json"  # for messages (the files are numbered)
 _NAME = re.compile(r"\.hpclaunch-owner\.([0-9]+)\.json")
 # Filesystems without hard links (some FUSE and SMB mounts) say so with one of these.
 _NO_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.checkpoint.owner import MARKER
+from hpclaunch.checkpoint import owner
+from hpclaunch.checkpoint.owner import MarkerError
 from tests.integration.helpers import VENV_BIN, base_env, wait_for
 from tests.integration.sandbox_fixture import Running
 from tests.integration.training_jobs import EXAMPLES, Job, digest_of, uninterrupted_digest
@@ -42,9 +43,10 @@ def sbatch(sandbox: Running, folder: Path, *argv: str) -> subprocess.CompletedPr
 
 def marker_job(folder: Path) -> str | None:
     try:
-        return str(json.loads((folder / MARKER).read_text())["job_id"])
-    except (OSError, ValueError):
+        found, _ = owner.read(folder)
+    except MarkerError:
         return None
+    return found.job_id if found is not None else None
 
 
 def test_one_folder_one_job_and_continuing_on_purpose(sandbox: Running, tmp_path: Path) -> None:
