@@ -9,6 +9,7 @@ import enum
 import json
 import signal
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,9 @@ class Reason(enum.Enum):
     # Another job's checkpoint folder, or one with checkpoints this job was not told to
     # continue from (hpclaunch.checkpoint.sharing): no step ran.
     FOLDER_REFUSED = "checkpoint folder refused"
+    # The run recorded no end: its batch host was lost, or a newer run had started by the
+    # time it ended (a partitioned host's stale supervisor). hpclaunch.jobdir.history_store
+    LOST = "lost"
 
 
 class Action(enum.Enum):
@@ -69,6 +73,7 @@ class Run:
     excluded: list[str] = field(default_factory=list)  # nodes kept out of the next run
     error: str | None = None  # the error the failure records showed
     verdict: str | None = None  # why the job ended, for a person (storage, hang)
+    token: str | None = None  # this run's own mark, so its supervisor writes only its entry
 
 
 _RUN_FIELDS = frozenset(f.name for f in fields(Run))
@@ -119,18 +124,28 @@ class History:
         path = JobFolder(job_dir).history
         try:
             data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls(job_id, max_requeues or 0)
+        except ValueError as exc:  # not JSON
+            raise unreadable(path, f"{type(exc).__name__}: {exc}") from None
+        try:
+            return cls.from_json(data, job_id, max_requeues)
+        except ValueError as exc:
+            raise unreadable(path, str(exc)) from None
+
+    @classmethod
+    def from_json(
+        cls, data: Mapping[str, Any], job_id: int, max_requeues: int | None = None
+    ) -> History:
+        """The history ``data`` (what to_json wrote) holds. Raises ValueError."""
+        try:
             runs = [Run(**_known(run)) for run in data["runs"]]
             checkpoint_dir = data.get("checkpoint_dir")
             lead = data.get("signal_lead_s")
             signal_lead_s = None if lead is None else float(lead)
             budget = int(data["max_requeues"]) if max_requeues is None else max_requeues
-        except FileNotFoundError:
-            return cls(job_id, max_requeues or 0)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise HistoryError(
-                f"{path} is not a history hpclaunch wrote ({type(exc).__name__}: {exc}); "
-                "move it aside and requeue the job"
-            ) from None
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
         return cls(job_id, budget, runs, checkpoint_dir, signal_lead_s)
 
     def to_json(self) -> dict[str, Any]:
@@ -153,12 +168,19 @@ class History:
 
     def start(self, env: Mapping[str, str], requeue_count: int) -> Run:
         run = Run(requeue_count, env.get("SLURM_JOB_NODELIST", ""), time.time())
+        run.token = uuid.uuid4().hex[:16]
         self.runs.append(run)
         return run
 
 
 class HistoryError(HpclaunchError):
     """history.json exists but cannot be read; the message names it and the fix."""
+
+
+def unreadable(path: Path, why: str) -> HistoryError:
+    return HistoryError(
+        f"{path} is not a history hpclaunch wrote ({why}); move it aside and requeue the job"
+    )
 
 
 def finish(

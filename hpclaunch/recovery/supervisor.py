@@ -28,7 +28,7 @@ from hpclaunch.job.spec import (
     DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
 )
-from hpclaunch.jobdir import failures, saves
+from hpclaunch.jobdir import failures, history_store, saves
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
@@ -227,7 +227,7 @@ class Supervisor:
             if self.history is not None and self.run is not None and self.job_dir is not None:
                 # The folder is not this job's: `hpclaunch status` shows why, not its contents.
                 finish(self.run, None, None, refused, str(exc), verdict=str(exc))
-                self.history.save(self.job_dir)
+                self._save()
             return refused.exit_status
         if said:
             log.info("supervisor: %s", said)
@@ -246,8 +246,7 @@ class Supervisor:
             )  # fmt: skip
             self._record(None, None, decision)
             return decision.exit_status
-        if self.history is not None and self.job_dir is not None:
-            self.history.save(self.job_dir)
+        self._save()
         return None
 
     def on_first_signal(self, first_signal: int) -> None:
@@ -300,6 +299,8 @@ class Supervisor:
     def _act(self, decision: requeue.Decision) -> requeue.Decision:
         """Carry ``decision`` out; the decision as it ended (a refused requeue fails)."""
         if decision.action is requeue.Action.REQUEUE:
+            decision = self._unless_moved_on(decision)
+        if decision.action is requeue.Action.REQUEUE:
             log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
                      decision.reason.value, self.requeue_count + 1, self.max_requeues,
                      f" without {','.join(decision.exclude)}" if decision.exclude else "",
@@ -343,7 +344,28 @@ class Supervisor:
             error = f"node lost ({', '.join(d.exclude)} down or not responding)"
         verdict = self.verdict if d.reason in verdicts.REASONS else None
         finish(self.run, status, first_signal, d, error, verdict)
-        self.history.save(self.job_dir)
+        self._save()
+
+    def _save(self) -> None:
+        """Write this run's entry, unless a newer run has started (history_store)."""
+        if self.history is not None and self.run is not None and self.job_dir is not None:
+            history_store.save_run(self.job_dir, self.history, self.run)
+
+    def _unless_moved_on(self, decision: requeue.Decision) -> requeue.Decision:
+        """``decision`` (a requeue), or none when the job has moved on without this run:
+        SLURM requeued it since (Restarts), or a newer run is in the history."""
+        newer = (
+            history_store.moved_on(self.job_dir, self.run) if self.job_dir and self.run else None
+        )
+        restarts = (
+            None if newer else slurm_restarts(self.slurm, self.job_id, self.patience.window())
+        )
+        if newer is None and (restarts is None or restarts <= self.requeue_count):
+            return decision
+        log.warning("supervisor: the job has moved on (run %s has started); this run's "
+                    "supervisor outlived it, so it does not requeue the job",
+                    newer["requeue_count"] if newer else restarts)  # fmt: skip
+        return requeue.Decision(requeue.Action.NONE, requeue.Reason.LOST, 0)
 
 
 def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> None:

@@ -117,3 +117,41 @@ def test_a_save_longer_than_the_signal_lead_allows_is_warned_of(
         "warning (--signal-lead 30 s) the workers get 22 s"
     ) in done.stderr
     assert json.loads((job / "history.json").read_text())["signal_lead_s"] == 30
+
+
+def test_a_stale_supervisor_finishing_last_neither_requeues_nor_rewrites_the_history(
+    tmp_path: Path, hpclaunch_bin: Path
+) -> None:
+    """Run 0's supervisor outlives its job (its batch host was cut off while SLURM
+    requeued the job): run 1 starts, closes run 0 as lost and completes; then run 0's
+    step ends at the time-limit warning. Run 0's supervisor sees the newer run: it does
+    not requeue the job (no scontrol is called) and leaves run 1's history as it is."""
+    job, record = tmp_path / "job", tmp_path / "step"
+
+    def supervise(count: int, *step: str) -> subprocess.Popen[str]:
+        env = base_env(SLURM_JOB_ID="7", SLURM_RESTART_COUNT=str(count))
+        env["PATH"] = str(VENV_BIN)  # no scontrol: Restarts is unknown, a requeue would fail
+        return subprocess.Popen(
+            [str(hpclaunch_bin), "supervise", "--max-requeues", "3", "--job-dir", str(job),
+             "--", *step],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    with supervise(0, sys.executable, "-c", STEP, str(record)) as stale:
+        try:
+            wait_for(record.with_suffix(".ready").exists, what="run 0's step to start")
+            with supervise(1, sys.executable, "-c", "pass") as newer:
+                _, newer_err = newer.communicate(timeout=30)
+            assert newer.returncode == 0, newer_err
+            stale.send_signal(signal.SIGUSR1)  # the time-limit warning: a requeue is due
+            _, stale_err = stale.communicate(timeout=30)
+        finally:
+            stale.kill()
+    assert stale.returncode == 0, stale_err
+    assert "the job has moved on (run 1 has started)" in stale_err
+    assert "not overwriting the history" in stale_err
+    assert "requeueing the job" not in stale_err and "scontrol requeue" not in stale_err
+    history = json.loads((job / "history.json").read_text())
+    assert [(r["requeue_count"], r["reason"], r["action"]) for r in history["runs"]] == [
+        (0, "lost", "SLURM requeues"), (1, "completed", "none"),
+    ]  # fmt: skip
