@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.sandbox.cluster import NodeAction
+from hpclaunch.sandbox.conf import Mode
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
@@ -103,6 +104,34 @@ def test_a_lost_node_requeues_the_job_onto_the_others(
     assert runs[0]["error"] == f"node lost ({lost} down or not responding)"
     starts = job.lines("START")
     assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 5
+
+
+def test_a_partitioned_batch_host_healed_leaves_every_run_in_the_history(
+    sandbox: Running, tmp_path: Path, uninterrupted: str
+) -> None:
+    """The batch host is cut off the network: SLURM requeues the job onto the other
+    nodes, where it completes, while the old supervisor goes on running on the cut-off
+    host. Healed, that stale supervisor neither requeues the job nor rewrites the
+    history: it holds both runs, the first closed as lost."""
+    if sandbox.layout.mode is not Mode.NETNS:
+        pytest.fail("this machine allows network namespaces as root, so the sandbox must use them")
+    job = submit(sandbox, tmp_path)
+    job.wait_checkpoint(9)
+    host = expand(job.fields()["NodeList"])[0]  # the batch step's node
+    sandbox.box.cut_node(host)
+    try:
+        # SLURM would mark it DOWN after its timeouts (~25 s): do it now.
+        sandbox.box.set_node_state(host, NodeAction.DOWN, "test: partitioned")
+        wait_for(lambda: job.fields()["JobState"] in ENDED, timeout_s=180, what="run 1's end")
+    finally:
+        sandbox.box.cut_node(host, heal=True)
+        sandbox.box.set_node_state(host, NodeAction.RESUME, "test: healed")
+    assert job.wait_end() == "COMPLETED", job.log
+    assert job.history() == [(0, "lost", "SLURM requeues"), (1, "completed", "none")], job.log
+    assert digest_of(job) == uninterrupted
+    assert "requeueing the job" not in job.log
+    runs = json.loads((job.job_dir / "history.json").read_text())["runs"]
+    assert host in expand(runs[0]["nodes"]) and host not in expand(runs[1]["nodes"])
 
 
 def test_a_bad_node_is_kept_out_of_the_requeued_job(
