@@ -130,6 +130,8 @@ def test_a_partitioned_batch_host_healed_leaves_every_run_in_the_history(
     assert job.history() == [(0, "lost", "SLURM requeues"), (1, "completed", "none")], job.log
     assert digest_of(job) == uninterrupted
     assert "requeueing the job" not in job.log
+    # Healed, the old supervisor got SLURM's SIGTERM, saw run 1 and left the history as it was.
+    assert "recorded this run as 'lost'; not overwriting the history" in job.log
     runs = json.loads((job.job_dir / "history.json").read_text())["runs"]
     assert host in expand(runs[0]["nodes"]) and host not in expand(runs[1]["nodes"])
 
