@@ -352,14 +352,15 @@ class Supervisor:
             history_store.save_run(self.job_dir, self.history, self.run)
 
     def _unless_moved_on(self, decision: requeue.Decision) -> requeue.Decision:
-        """``decision`` (a requeue), or none when the job has moved on without this run:
-        SLURM requeued it since (Restarts), or a newer run is in the history."""
+        """``decision`` (a requeue), or none when the job has moved on without this run: a
+        newer run is in the history, or SLURM requeued it since (Restarts, asked here
+        unless the signal's decision already did)."""
         newer = (
             history_store.moved_on(self.job_dir, self.run) if self.job_dir and self.run else None
         )
-        restarts = (
-            None if newer else slurm_restarts(self.slurm, self.job_id, self.patience.window())
-        )
+        asked = decision.reason is requeue.Reason.TIME_LIMIT  # after_step read Restarts
+        window = self.patience.window()
+        restarts = None if newer or asked else slurm_restarts(self.slurm, self.job_id, window)
         if newer is None and (restarts is None or restarts <= self.requeue_count):
             return decision
         log.warning("supervisor: the job has moved on (run %s has started); this run's "
