@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.node import procs
 from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.sandbox.conf import Mode
 from hpclaunch.slurm.hostlist import expand
@@ -126,6 +127,11 @@ def test_a_partitioned_batch_host_healed_leaves_every_run_in_the_history(
     finally:
         sandbox.box.cut_node(host, heal=True)
         sandbox.box.set_node_state(host, NodeAction.RESUME, "test: healed")
+    # The old run's processes on the healed host end once its slurmd registers again and
+    # SLURM tells it the job is no longer there: that can take longer than wait_end waits.
+    entry = f"SLURM_JOB_ID={job.id}".encode()
+    wait_for(lambda: not procs.with_environ(entry), timeout_s=120,
+             what="the old run on the healed host to end")  # fmt: skip
     assert job.wait_end() == "COMPLETED", job.log
     assert job.history() == [(0, "lost", "SLURM requeues"), (1, "completed", "none")], job.log
     assert digest_of(job) == uninterrupted
