@@ -31,12 +31,18 @@ class Reason(enum.Enum):
     BUG = "the same error on every node"  # a bug in the script: no requeue helps
     STORAGE = "shared folder not writable"  # full, over quota, read-only: no node is to blame
     HANG = "hang"  # collectives timed out waiting for a rank; no node can be named yet
+    # A node's agent (or the step's srun) was killed by a signal: the OOM killer, a crash
+    # or an administrator (hpclaunch.recovery.stepdeath). A node fault, as BAD_NODES is.
+    AGENT_DIED = "agent died"
     # Another job's checkpoint folder, or one with checkpoints this job was not told to
     # continue from (hpclaunch.checkpoint.sharing): no step ran.
     FOLDER_REFUSED = "checkpoint folder refused"
     # The run recorded no end: its batch host was lost, or a newer run had started by the
     # time it ended (a partitioned host's stale supervisor). hpclaunch.jobdir.history_store
     LOST = "lost"
+
+
+_NODE_FAULTS = (Reason.BAD_NODES.value, Reason.AGENT_DIED.value)
 
 
 class Action(enum.Enum):
@@ -108,7 +114,7 @@ class History:
     @property
     def failure_requeues(self) -> int:
         return sum(
-            1 for r in self.runs if r.reason == Reason.BAD_NODES.value
+            1 for r in self.runs if r.reason in _NODE_FAULTS
             and r.action == Action.REQUEUE.value
         )  # fmt: skip
 

@@ -41,6 +41,8 @@ class Situation:
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     earlier_errors: tuple[str, ...] = ()  # the errors that got nodes excluded before
     cancelled: bool = False  # `hpclaunch cancel` asked for the end of the job
+    died: tuple[str, ...] = ()  # the nodes whose agent srun reports killed by a signal
+    srun_killed: bool = False  # srun itself died by a signal the supervisor did not send
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ STOPPED_STATUSES = frozenset(128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_
 
 # Verdicts of the failure records that end the job, and the reason recorded.
 _ENDING = {Verdict.STORAGE: Reason.STORAGE, Verdict.HANG: Reason.HANG, Verdict.BUG: Reason.BUG}
+# Verdicts that a dead agent does not override: the survivors' records show an error
+# no requeue helps (a hang is the echo of the dead agent's lost ranks, so it yields).
+_NOT_NODES = (Verdict.STORAGE, Verdict.BUG)
 
 
 def decide(s: Situation) -> Decision:
@@ -83,6 +88,8 @@ def decide(s: Situation) -> Decision:
     if s.status == 0:
         return Decision(Action.NONE, Reason.COMPLETED, 0)
     verdict = s.finding.verdict if s.finding is not None else None
+    if (s.died or s.srun_killed) and s.first_signal is None and verdict not in _NOT_NODES:
+        return _node_fault(s, Reason.AGENT_DIED, s.died)
     if verdict in _ENDING:
         return Decision(Action.NONE, _ENDING[verdict], s.status)
     if (
@@ -93,11 +100,16 @@ def decide(s: Situation) -> Decision:
         # The error followed its rank onto other nodes: the script, not the node.
         return Decision(Action.NONE, Reason.BUG, s.status)
     if s.finding is not None and s.finding.verdict is Verdict.BAD_NODES:
-        spent = s.failure_requeues >= s.max_failure_requeues or s.requeue_count >= s.max_requeues
-        if spent:
-            return Decision(Action.GIVE_UP, Reason.BAD_NODES, GAVE_UP_STATUS, s.finding.nodes)
-        return Decision(Action.REQUEUE, Reason.BAD_NODES, 0, s.finding.nodes)
+        return _node_fault(s, Reason.BAD_NODES, s.finding.nodes)
     return Decision(Action.NONE, Reason.FAILED, s.status)
+
+
+def _node_fault(s: Situation, reason: Reason, nodes: tuple[str, ...]) -> Decision:
+    """A requeue without ``nodes`` while both budgets last, else give up."""
+    spent = s.failure_requeues >= s.max_failure_requeues or s.requeue_count >= s.max_requeues
+    if spent:
+        return Decision(Action.GIVE_UP, reason, GAVE_UP_STATUS, nodes)
+    return Decision(Action.REQUEUE, reason, 0, nodes)
 
 
 def gave_up() -> Decision:

@@ -33,7 +33,7 @@ from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
-from hpclaunch.recovery import verdicts
+from hpclaunch.recovery import stepdeath, verdicts
 from hpclaunch.recovery.job_commands import keep_lost_out, requeue_job, slurm_restarts
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import job_nodes
@@ -60,6 +60,8 @@ def exit_status(returncode: int) -> int:
 class StepResult:
     status: int
     signals: tuple[int, ...]  # the signals received (and forwarded), in order
+    died: tuple[stepdeath.Death, ...] = ()  # the agents srun reports killed by a signal
+    srun_signal: int | None = None  # the signal that ended srun itself
 
     @property
     def first_signal(self) -> int | None:
@@ -109,17 +111,20 @@ def run_step(
     cleans up the tasks). ``on_signal(first signal)`` runs once, outside the signal
     handler, while the step is still ending. Raises StepNotFound."""
     try:
-        child = subprocess.Popen(list(argv))
+        child = subprocess.Popen(list(argv), stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise StepNotFound(
             f"{argv[0]!r} is not on PATH in the batch step; this must run inside a SLURM "
             "job (the rendered script calls it)"
         ) from None
+    tee = stepdeath.Tee(child.stderr).start() if child.stderr is not None else None
     forwarder.attach(child)
     log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
     returncode = _wait(child, forwarder.received, grace_s, on_signal)
     log.info("supervisor: step ended with status %d", exit_status(returncode))
-    return StepResult(exit_status(returncode), tuple(forwarder.received))
+    died = tee.deaths() if tee is not None else ()
+    srun_signal = -returncode if returncode < 0 else None
+    return StepResult(exit_status(returncode), tuple(forwarder.received), died, srun_signal)
 
 
 def _wait(
@@ -198,6 +203,7 @@ class Supervisor:
         self.finding: failures.Finding | None = None
         self.verdict: str | None = None  # the message for a person, when no node is to blame
         self._lost: tuple[str, ...] | None = None  # kept out after SLURM's requeue, once
+        self.died: str | None = None  # which agent (or srun) was killed by a signal
 
     def check_saves(self, signal_lead_s: float) -> None:
         """Note the signal lead in the history, and warn when the earlier runs' saves
@@ -268,6 +274,7 @@ class Supervisor:
         )  # fmt: skip
         if result.status != 0 and not result.signals and self.job_dir is not None:
             self._examine(self.job_dir)
+        self._note_deaths(result)
         history = self.history
         decision = requeue.decide(
             requeue.Situation(
@@ -275,6 +282,7 @@ class Supervisor:
                 self.max_requeues, self.finding, history.failure_requeues if history else 0,
                 self.max_failure_requeues, history.exclusion_errors if history else (),
                 self.job_dir is not None and JobFolder(self.job_dir).cancelled.exists(),
+                tuple(d.node for d in result.died), result.srun_signal is not None,
             )
         )  # fmt: skip
         if self.verdict is not None and verdicts.stands(self.finding, decision.reason):
@@ -282,6 +290,12 @@ class Supervisor:
         decision = self._act(decision)
         self._record(result.status, result.first_signal, decision)
         return decision.exit_status
+
+    def _note_deaths(self, result: StepResult) -> None:
+        """Say which agent (or srun) a signal killed, where the supervisor sent none."""
+        if not result.signals and (result.died or result.srun_signal is not None):
+            self.died = stepdeath.describe(result.died, result.srun_signal)
+            log.error("supervisor: %s", self.died)
 
     def _examine(self, job_dir: Path) -> None:
         """Read the failure records (and test the shared folders) of a step that failed
@@ -342,6 +356,8 @@ class Supervisor:
         error = self.finding.message if self.finding is not None and self.finding.message else None
         if d.action is requeue.Action.SLURM_REQUEUES and d.exclude:
             error = f"node lost ({', '.join(d.exclude)} down or not responding)"
+        if d.reason is requeue.Reason.AGENT_DIED:
+            error = self.died
         verdict = self.verdict if d.reason in verdicts.REASONS else None
         finish(self.run, status, first_signal, d, error, verdict)
         self._save()

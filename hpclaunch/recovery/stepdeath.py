@@ -1,0 +1,86 @@
+"""Agents that died by a signal (the OOM killer, a segfault, an administrator's
+``kill -9``), and the srun under the supervisor killed the same way: a node fault
+the failure records cannot show, as a dead agent writes none.
+
+srun says which node's task died, on its stderr, one line per node::
+
+    srun: error: n2: task 1: Killed
+    srun: error: n3: tasks 2-3: Segmentation fault (core dumped)
+
+(a task that exited by itself is "Exited with exit code N" instead). SLURM keeps no
+other trace of it without accounting (``sacct``), and ``scontrol show step`` forgets
+the step as soon as it ends, so the supervisor passes srun's stderr on to the batch
+log line by line (``Tee``) and keeps these lines.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO
+
+_TASK_DIED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+?)\s*$")
+_EXITED = "Exited with exit code"
+# strsignal's words (as srun prints them) → the signal's name.
+_NAMES = {signal.strsignal(s) or s.name: s.name for s in signal.Signals}
+_JOIN_S = 5.0  # for srun's stderr to reach its end once srun has exited
+
+
+@dataclass(frozen=True)
+class Death:
+    node: str
+    signal: str  # SIGKILL, SIGSEGV ... (srun's words when they name no signal)
+
+
+def deaths(lines: Iterable[str]) -> tuple[Death, ...]:
+    """The nodes whose agent srun reports killed by a signal, in order, each once."""
+    found: dict[str, str] = {}
+    for line in lines:
+        match = _TASK_DIED.match(line)
+        if match is None or match["what"].startswith(_EXITED):
+            continue
+        what = match["what"].removesuffix(" (core dumped)")
+        found.setdefault(match["node"], _NAMES.get(what, what))
+    return tuple(Death(node, sig) for node, sig in found.items())
+
+
+def describe(died: tuple[Death, ...], srun_signal: int | None) -> str:
+    """The history's error for the run: which agents died, or that srun did."""
+    if died:
+        return "; ".join(f"the agent on {d.node} was killed by {d.signal}" for d in died)
+    name = signal.Signals(srun_signal).name if srun_signal else "a signal"
+    return f"srun (the job step, on the batch host) was killed by {name}"
+
+
+@dataclass
+class Tee:
+    """Copies a pipe (srun's stderr) to this process's stderr as it comes, keeping
+    the lines that may report a task's death."""
+
+    source: IO[bytes]
+    kept: list[str] = field(default_factory=list)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Tee:
+        self._thread = threading.Thread(target=self._copy, name="srun-stderr", daemon=True)
+        self._thread.start()
+        return self
+
+    def _copy(self) -> None:
+        out = sys.stderr.buffer
+        for line in iter(self.source.readline, b""):
+            out.write(line)
+            out.flush()
+            if line.startswith(b"srun: error: "):
+                self.kept.append(line.decode(errors="replace"))
+        self.source.close()
+
+    def deaths(self) -> tuple[Death, ...]:
+        """The deaths srun reported (waits for the end of its stderr, a while)."""
+        if self._thread is not None:
+            self._thread.join(_JOIN_S)
+        return deaths(list(self.kept))
