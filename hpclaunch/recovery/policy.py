@@ -71,7 +71,8 @@ def decide(s: Situation) -> Decision:
     requeues are left to SLURM; a step stopped by the
     time-limit warning leads to one requeue by the supervisor while the budget lasts;
     cancellations end the job; a step that failed by itself is requeued without its
-    bad nodes while both budgets last, and ends the job when the failure records show
+    bad nodes, or without the nodes whose agent a signal killed (srun killed: on the
+    same nodes), while both budgets last, and ends the job when the failure records show
     a bug, a shared folder that cannot be written (no node is to blame, and a requeue
     would fail the same way), a hang (no node can be named yet), or say nothing."""
     if s.cancelled:

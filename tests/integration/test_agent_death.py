@@ -76,6 +76,10 @@ def test_a_killed_agent_is_a_node_fault_and_the_job_resumes(
     runs = json.loads((job.job_dir / "history.json").read_text())["runs"]
     assert runs[0]["error"] == f"the agent on {node} was killed by SIGKILL", runs[0]
     assert f"supervisor: the agent on {node} was killed by SIGKILL" in job.log
+    assert f"srun: error: {node}: task 1: Killed" in job.log  # srun's stderr is still there
+    # Kept out of the next run, as a bad node is.
+    assert runs[0]["excluded"] == [node] and job.fields()["ExcNodeList"] == node
+    assert node not in expand(runs[1]["nodes"])
     starts = job.lines("START")
     assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 5
 
@@ -85,9 +89,15 @@ def test_a_killed_srun_requeues_the_job(
 ) -> None:
     job = submit_script(sandbox, tmp_path, TRAIN, *STEPS)
     job.wait_checkpoint(9)
+    nodes = job.fields()["NodeList"]
     os.kill(_srun_of(job), signal.SIGKILL)
     assert job.wait_end() == "COMPLETED", job.log
     assert digest_of(job) == uninterrupted
     assert job.history() == [(0, "agent died", "requeue"), (1, "completed", "none")]
+    runs = json.loads((job.job_dir / "history.json").read_text())["runs"]
+    error = "srun (the job step, on the batch host) was killed by SIGKILL"
+    assert runs[0]["error"] == error and f"supervisor: {error}" in job.log
+    # No node to blame: the same nodes may run the job again.
+    assert runs[0]["excluded"] == [] and runs[0]["nodes"] == nodes
     starts = job.lines("START")
     assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 5
