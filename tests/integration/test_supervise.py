@@ -82,9 +82,22 @@ def test_outside_a_job_it_refuses(hpclaunch_bin: Path) -> None:
 def test_exit_status_is_the_steps(tmp_path: Path, hpclaunch_bin: Path) -> None:
     with start(hpclaunch_bin, tmp_path, sys.executable, "-c", "raise SystemExit(7)") as proc:
         assert proc.wait(timeout=20) == 7
+
+
+def test_a_step_killed_by_a_signal_it_was_not_sent_is_a_node_fault(
+    tmp_path: Path, hpclaunch_bin: Path
+) -> None:
+    """The step (srun) killed by the OOM killer, say: a requeue is due, and this job
+    on its second run with a budget of one gives up (status 4) instead of failing."""
     suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     with start(hpclaunch_bin, tmp_path, sys.executable, "-c", suicide) as killed:
-        assert killed.wait(timeout=20) == 128 + signal.SIGKILL
+        _, err = killed.communicate(timeout=20)
+    assert killed.returncode == 4, err
+    assert "srun (the job step, on the batch host) was killed by SIGKILL" in err
+    history = json.loads((tmp_path / "job" / "history.json").read_text())
+    assert [(r["step_status"], r["reason"], r["action"]) for r in history["runs"]] == [
+        (128 + signal.SIGKILL, "agent died", "give up")
+    ]
 
 
 def test_missing_step_command(tmp_path: Path, hpclaunch_bin: Path) -> None:
