@@ -7,7 +7,10 @@ srun says which node's task died, on its stderr, one line per node::
     srun: error: n2: task 1: Killed
     srun: error: n3: tasks 2-3: Segmentation fault (core dumped)
 
-(a task that exited by itself is "Exited with exit code N" instead). SLURM keeps no
+(a task that exited by itself is "Exited with exit code N" instead). Only the deaths
+srun reports before it begins to end the step count: once one task has exited with an
+error, srun terminates the others (``--kill-on-bad-exit``), and SLURM's own SIGTERM and
+SIGKILL to them are no node's fault. SLURM keeps no
 other trace of it without accounting (``sacct``), and ``scontrol show step`` forgets
 the step as soon as it ends, so the supervisor passes srun's stderr on to the batch
 log line by line (``Tee``) and keeps these lines.
@@ -25,6 +28,10 @@ from typing import IO
 
 _TASK_DIED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+?)\s*$")
 _EXITED = "Exited with exit code"
+# srun's lines once it ends the step: the deaths after them are SLURM's doing.
+_STEP_ENDING = re.compile(
+    r"^srun: (launch/slurm: _step_signal: Terminating|Force Terminated|Job step aborted)"
+)
 # strsignal's words (as srun prints them) → the signal's name.
 _NAMES = {signal.strsignal(s) or s.name: s.name for s in signal.Signals}
 _JOIN_S = 5.0  # for srun's stderr to reach its end once srun has exited
@@ -37,12 +44,17 @@ class Death:
 
 
 def deaths(lines: Iterable[str]) -> tuple[Death, ...]:
-    """The nodes whose agent srun reports killed by a signal, in order, each once."""
+    """The nodes whose agent srun reports killed by a signal before it began to end
+    the step, in order, each once."""
     found: dict[str, str] = {}
     for line in lines:
+        if _STEP_ENDING.match(line):
+            break
         match = _TASK_DIED.match(line)
-        if match is None or match["what"].startswith(_EXITED):
+        if match is None:
             continue
+        if match["what"].startswith(_EXITED):
+            break
         what = match["what"].removesuffix(" (core dumped)")
         found.setdefault(match["node"], _NAMES.get(what, what))
     return tuple(Death(node, sig) for node, sig in found.items())
@@ -59,7 +71,7 @@ def describe(died: tuple[Death, ...], srun_signal: int | None) -> str:
 @dataclass
 class Tee:
     """Copies a pipe (srun's stderr) to this process's stderr as it comes, keeping
-    the lines that may report a task's death."""
+    srun's own lines (a task's death, the step's end)."""
 
     source: IO[bytes]
     kept: list[str] = field(default_factory=list)
@@ -75,7 +87,7 @@ class Tee:
         for line in iter(self.source.readline, b""):
             out.write(line)
             out.flush()
-            if line.startswith(b"srun: error: "):
+            if line.startswith(b"srun: "):
                 self.kept.append(line.decode(errors="replace"))
         self.source.close()
 
