@@ -5,6 +5,7 @@ of the job it names, and the rule (``hpclaunch.checkpoint.sharing``). No torch.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import os
 import socket
@@ -185,6 +186,10 @@ def check_submit(
     return decision
 
 
+# Errors of a folder that may be taken but cannot be written now (see ``take``).
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
+
+
 def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) -> Decision:
     """Take ``folder`` for the starting job ``me``: its marker names ``me`` from now on
     (a requeue of ``me`` finds it so). A refusal writes nothing. Raises FolderTaken,
@@ -217,6 +222,15 @@ def take(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) -> str | 
     try:
         decision = claim_start(folder, me, adopt=adopt, slurm=slurm)
     except OSError as exc:
+        if exc.errno in UNWRITABLE:
+            # Allowed, but full or read-only: no job can write there now, so none can
+            # take it over either. The first save fails with the storage verdict, which
+            # names the folder, the error and the fix; refusing here would say less.
+            return (
+                f"cannot mark the checkpoint folder {folder} as this job's: "
+                f"{exc.strerror or exc}; going on without the mark (saves there will fail "
+                "the same way, and the job will end saying so)"
+            )
         raise MarkerError(
             f"cannot take the checkpoint folder {folder}: {exc.strerror or exc}; give a "
             "--checkpoint-dir this user can write"

@@ -12,7 +12,7 @@ import pytest
 
 from hpclaunch.checkpoint import claim, owner
 from hpclaunch.checkpoint.claim import FolderTaken
-from hpclaunch.checkpoint.owner import Kind, Owner
+from hpclaunch.checkpoint.owner import Kind, MarkerError, Owner
 from hpclaunch.checkpoint.sharing import Verdict
 from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
@@ -151,3 +151,26 @@ def test_a_local_map_array_with_one_checkpoint_folder_is_refused_before_any_job_
         executor.map_array(abs, [1, 2])
     assert started == []
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS])
+def test_a_full_or_read_only_folder_is_left_to_the_storage_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int
+) -> None:
+    def refused(folder: Path, seen: object, me: Owner) -> bool:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(owner, "take", refused)
+    said = claim.take(tmp_path, TAKER, adopt=False, slurm=None)
+    assert said is not None and said.startswith(
+        f"cannot mark the checkpoint folder {tmp_path} as this job's: {os.strerror(error)}; "
+        "going on without the mark"
+    ), said
+    assert owner.read(tmp_path)[0] is None  # nothing written
+
+    def other(folder: Path, seen: object, me: Owner) -> bool:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(owner, "take", other)
+    with pytest.raises(MarkerError, match="cannot take the checkpoint folder"):
+        claim.take(tmp_path, TAKER, adopt=False, slurm=None)
