@@ -40,6 +40,9 @@ class Reason(enum.Enum):
     # The run recorded no end: its batch host was lost, or a newer run had started by the
     # time it ended (a partitioned host's stale supervisor). hpclaunch.jobdir.history_store
     LOST = "lost"
+    # A --no-kill job's batch host (supervisor, srun) was lost; a surviving agent took
+    # the supervisor's role and requeued or ended the job (hpclaunch.recovery.deputy).
+    BATCH_HOST_LOST = "batch host lost"
 
 
 _NODE_FAULTS = (Reason.BAD_NODES.value, Reason.AGENT_DIED.value)

@@ -18,6 +18,8 @@ wrote must still be read, so tests pin each one.
         failures/requeue-Q/attempt-A/node-HOST.json   a node's failure record
         failures/requeue-Q/root-cause-HOST.txt        a supervised agent's root cause
         local-requeues                        Executor(cluster="local"): requeues so far
+        agents/requeue-Q/node-HOST.json       a --no-kill job's agent on HOST ended (status)
+        agents/requeue-Q/deputy.json          the agent that took a lost batch host's role
 
 Q is SLURM's requeue count, S the job step (SLURM's step id, or ``batch``), A the
 worker group's attempt (the rendezvous round, the same on every node), R the global
@@ -50,6 +52,8 @@ SAVES = "checkpoint-saves.jsonl"
 LOGS = "logs"
 FAILURES = "failures"
 LOCAL_REQUEUES = "local-requeues"
+AGENTS = "agents"
+DEPUTY = "deputy.json"
 # sbatch's --output, relative to the log folder: SLURM puts the job name for %x and
 # the job id for %j, which batch_log spells out.
 BATCH_LOG_PATTERN = "%x-%j.out"
@@ -194,6 +198,16 @@ class JobFolder:
     def failure_records(self, requeue: int) -> list[Path]:
         """One run's failure records, in name order."""
         return sorted(self.failures(requeue).glob("attempt-*/node-*.json"))
+
+    def agents(self, requeue: int) -> Path:
+        """One run's notes of its agents' ends, and of its deputy (hpclaunch.recovery.deputy)."""
+        return self.root / AGENTS / f"requeue-{requeue}"
+
+    def agent_end(self, requeue: int, node: str) -> Path:
+        return self.agents(requeue) / f"node-{node}.json"
+
+    def deputy(self, requeue: int) -> Path:
+        return self.agents(requeue) / DEPUTY
 
     def root_cause(self, requeue: int, node: str) -> Path:
         """Where a supervised agent leaves its root-cause block for the supervisor."""

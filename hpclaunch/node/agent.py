@@ -121,6 +121,19 @@ def check_job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str
         ) from None
 
 
+def after_no_kill_run(
+    status: int, ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str], slurm: Slurm
+) -> int:
+    """The exit status of a --no-kill job's agent whose run ended with ``status``: when
+    the batch host is lost, this agent may have ended or requeued the job in its place."""
+    from hpclaunch.recovery import deputy
+
+    return deputy.after_agent(
+        status, job_id=ctx.job_id, requeue=ctx.restart_count, node=ctx.hostname,
+        job_dir=job_folder(ctx, opts, env), slurm=slurm, env=env,
+    )  # fmt: skip
+
+
 def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
     """This node's context, in the asked rank order."""
     ctx = NodeContext.from_env(

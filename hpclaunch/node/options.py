@@ -151,6 +151,10 @@ class AgentSettings:
         False, "--supervised", Flag(),
         "Set by the rendered script when the supervisor runs the step.",
     )  # fmt: skip
+    no_kill: bool = setting(
+        False, "--no-kill", Flag(), "Set by the rendered script for sbatch --no-kill: when "
+        "the batch host is lost, a surviving agent ends or requeues the job.",
+    )  # fmt: skip
     entry_kind: EntryKind = setting(EntryKind.SCRIPT, "--module", _ENTRY_FLAGS, "What SCRIPT is.")
     # How long the agent waits for a worker's exit between its other checks.
     monitor_interval_s: float = 0.1
@@ -165,6 +169,7 @@ class AgentSettings:
             nnodes=spec.nodes, nproc_per_node=spec.effective_nproc_per_node, rdzv=spec.rdzv.name,
             max_restarts=spec.max_restarts, grace_period_s=spec.agent_grace_s,
             node_multiple=spec.node_multiple, master_port=spec.master_port, supervised=supervised,
+            no_kill=spec.no_kill,
             etcd_endpoints=spec.etcd_endpoints, etcd_sidecar=spec.etcd_sidecar,
             etcd_binary=spec.etcd_binary, etcd_cacert=spec.etcd_cacert, etcd_cert=spec.etcd_cert,
             etcd_key=spec.etcd_key, etcd_user=spec.etcd_user,

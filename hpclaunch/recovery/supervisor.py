@@ -34,6 +34,7 @@ from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.recovery import stepdeath, verdicts
+from hpclaunch.recovery.deputy import stood_down
 from hpclaunch.recovery.job_commands import keep_lost_out, requeue_job, slurm_restarts
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import job_nodes
@@ -266,6 +267,8 @@ class Supervisor:
 
     def after_step(self, result: StepResult) -> int:
         """Decide what follows the step, act on it, record it; the exit status."""
+        if self.job_dir and stood_down(self.job_dir, self.requeue_count):
+            return result.status
         if result.signals:
             self.patience.signalled()
         restarts = (

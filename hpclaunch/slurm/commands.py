@@ -215,6 +215,10 @@ class Slurm:
                 return word.split("=", 1)[1]
         raise SlurmError(argv, 0, "", f"scontrol show node {name} printed no NodeAddr")
 
+    def node_fields(self, name: str) -> dict[str, str]:
+        """``scontrol show node NAME`` as KEY=VALUE pairs. Raises SlurmError."""
+        return parse_show_job(self._run(("scontrol", "show", "node", name)).stdout)
+
     def topology(self) -> str:
         """``scontrol show topology`` as printed (see context.parse_topology)."""
         return self._run(("scontrol", "show", "topology")).stdout

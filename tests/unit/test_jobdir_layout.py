@@ -37,6 +37,8 @@ def test_every_file_of_the_job_folder_keeps_its_name() -> None:
         == "/s/logs/12/failures/requeue-1/attempt-2/node-n3.json"
     )
     assert str(job.root_cause(1, "n3")) == "/s/logs/12/failures/requeue-1/root-cause-n3.txt"
+    assert str(job.agent_end(1, "n3")) == "/s/logs/12/agents/requeue-1/node-n3.json"
+    assert str(job.deputy(1)) == "/s/logs/12/agents/requeue-1/deputy.json"
 
 
 def test_rank_logs_keep_their_names() -> None:

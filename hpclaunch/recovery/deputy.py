@@ -1,0 +1,343 @@
+"""When a ``--no-kill`` job loses its batch host, one surviving agent takes the
+supervisor's role, so that the job still ends, or is requeued, by itself.
+
+The supervisor and ``srun`` live on the batch host (the job's first node). SLURM takes
+a lost node out of a ``--no-kill`` job and keeps the job RUNNING on the others, the
+batch host too: then nothing is left that would end the job. So each agent of such a
+job, when its own run ends, notes its exit status in the job folder and asks SLURM
+whether the batch host is still in the job. When it is not (SLURM took it out, or marks
+it down or not responding), the agents race to create ``agents/requeue-Q/deputy.json``
+(``O_EXCL``: exactly one wins, on every shared filesystem), and the winner, the deputy:
+
+- waits (at most a minute) for the other survivors' agents to note their ends;
+- when the training finished (every status 0), records the run as completed and ends
+  the job COMPLETED through libslurm (``hpclaunch.slurm.libslurm``);
+- else requeues the job without the lost host (as the supervisor would, within
+  ``--max-requeues``), or ends it FAILED when the budget is spent.
+
+What it does goes into the batch log (its ``srun`` is gone, and with it the agents'
+output) and into ``history.json``. A supervisor that comes back (a healed partition)
+finds the deputy's note and does nothing more. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpclaunch.errors import HpclaunchError, SlurmError
+from hpclaunch.job.spec import DEFAULT_SUPERVISOR_GRACE_S
+from hpclaunch.jobdir import history_store
+from hpclaunch.jobdir.atomic import write_bytes_atomic
+from hpclaunch.jobdir.history import History, finish
+from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.recovery import policy
+from hpclaunch.recovery.job_commands import requeue_job
+from hpclaunch.slurm import libslurm
+from hpclaunch.slurm.commands import NodeState, Slurm
+from hpclaunch.slurm.hostlist import expand
+from hpclaunch.slurm.retry import Patience, describe
+
+log = logging.getLogger(__name__)
+
+OTHERS_WAIT_S = 60.0  # for the other survivors' agents to note their ends
+_POLL_S = 0.5
+# How long an agent whose batch host's slurmd does not answer waits for SLURM to say
+# whether the host is lost (SLURM does after SlurmdTimeout, 300 s by default).
+VERDICT_WAIT_S = 600.0
+VERDICT_POLL_S = 5.0
+PROBE_TIMEOUT_S = 3.0
+SLURMD_PORT = 6818
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the deputy needs of ``scontrol show job``."""
+
+    state: str
+    nodes: tuple[str, ...]
+    batch_host: str
+    batch_log: str | None
+
+    @classmethod
+    def of(cls, fields: Mapping[str, str]) -> JobView:
+        """From ``scontrol show job``'s fields. Pure; raises ValueError (a node list
+        that is not one)."""
+        listed = fields.get("NodeList", "")
+        nodes = tuple(expand(listed)) if listed and listed != "(null)" else ()
+        out = fields.get("StdOut", "")
+        return cls(fields.get("JobState", ""), nodes, fields.get("BatchHost", ""),
+                   out if out.startswith("/") else None)  # fmt: skip
+
+
+def lost_batch_host(job: JobView, states: Mapping[str, NodeState]) -> str | None:
+    """The batch host when the job has lost it (SLURM took it out of the RUNNING job, or
+    marks it down, failed or not responding); else None. Pure."""
+    host = job.batch_host
+    if job.state != "RUNNING" or not host or host == "(null)":
+        return None
+    if host not in job.nodes or (host in states and states[host].lost):
+        return host
+    return None
+
+
+def why_lost(job: JobView, host: str) -> str:
+    if host not in job.nodes:
+        return f"SLURM took it out of the job, which runs on {','.join(job.nodes)}"
+    return "SLURM marks it down or not responding"
+
+
+def note_end(folder: JobFolder, requeue: int, node: str, status: int) -> None:
+    """This node's agent ended with ``status``. Raises OSError."""
+    path = folder.agent_end(requeue, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, json.dumps({"node": node, "status": status}).encode() + b"\n")
+
+
+def ended(folder: JobFolder, requeue: int, nodes: tuple[str, ...]) -> dict[str, int]:
+    """The statuses the agents of ``nodes`` noted so far."""
+    found = {}
+    for node in nodes:
+        try:
+            found[node] = int(json.loads(folder.agent_end(requeue, node).read_text())["status"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def claim(folder: JobFolder, requeue: int, node: str, lost: str) -> str | None:
+    """Take the supervisor's role for run ``requeue``: None when this node has it now,
+    else the node that took it first. Raises OSError."""
+    path = folder.deputy(requeue)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return taken_by(folder.root, requeue) or "another node"
+    with os.fdopen(fd, "w") as out:
+        json.dump({"node": node, "pid": os.getpid(), "lost": lost, "at": time.time()}, out)
+        out.flush()
+        os.fsync(out.fileno())
+    return None
+
+
+def taken_by(job_dir: Path, requeue: int) -> str | None:
+    """The node whose agent took run ``requeue``'s supervision over, if one did."""
+    try:
+        return str(json.loads(JobFolder(job_dir).deputy(requeue).read_text())["node"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an agent"  # written, not yet readable: taken all the same
+
+
+def stood_down(job_dir: Path, requeue: int) -> bool:
+    """For the supervisor of run ``requeue`` when its step has ended: True (and one line
+    saying why) when an agent took this run over, so that the supervisor does nothing
+    more; its host was lost from the job, and came back."""
+    holder = taken_by(job_dir, requeue)
+    if holder is not None:
+        log.warning("supervisor: the agent on %s took over this run (this host was lost "
+                    "from the job); this supervisor does nothing more", holder)  # fmt: skip
+    return holder is not None
+
+
+def after_agent(
+    status: int, *, job_id: int, requeue: int, node: str, job_dir: Path, slurm: Slurm,
+    env: Mapping[str, str],
+) -> int:  # fmt: skip
+    """What a ``--no-kill`` job's agent does when its run has ended with ``status``:
+    note it, and take the supervisor's role if the batch host is lost and no other
+    agent has. Returns the agent's exit status."""
+    folder = JobFolder(job_dir)
+    try:
+        note_end(folder, requeue, node, status)
+        job, lost = watch_batch_host(job_id, node, slurm)
+        if lost is None:
+            return status
+        holder = claim(folder, requeue, node, lost)
+    except (OSError, ValueError, SlurmError) as exc:
+        log.warning("could not check whether the batch host is still in the job: %s", exc)
+        return status
+    deputy = Deputy(job_id, requeue, node, folder, slurm, env, job, lost)
+    if holder is not None:
+        deputy.say(f"the batch host {lost} is lost; the agent on {holder} has its role")
+        return status
+    with sigterm_ignored():  # SLURM's, as the job ends or is requeued under us
+        return deputy.act(status)
+
+
+def watch_batch_host(
+    job_id: int, node: str, slurm: Slurm, wait_s: float = VERDICT_WAIT_S
+) -> tuple[JobView, str | None]:
+    """The job, and its batch host when the job has lost it. While the host's slurmd
+    does not answer and SLURM has not yet said that the host is lost, wait for SLURM's
+    verdict, at most ``wait_s``. Raises SlurmError, ValueError."""
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        job = JobView.of(slurm.job_fields(job_id))
+        if job.state != "RUNNING" or job.batch_host in ("", "(null)", node):
+            return job, None
+        lost = lost_batch_host(job, slurm.node_states())
+        if lost is not None or slurmd_answers(slurm, job.batch_host):
+            return job, lost
+        if time.monotonic() > deadline:
+            log.warning("the batch host %s did not answer for %g s, and SLURM still counts "
+                        "it in the job; leaving the job to it", job.batch_host, wait_s)  # fmt: skip
+            return job, None
+        if not said:
+            log.warning("the batch host %s does not answer; waiting (at most %g s) for SLURM "
+                        "to say whether it is lost", job.batch_host, wait_s)  # fmt: skip
+            said = True
+        time.sleep(VERDICT_POLL_S)
+
+
+def slurmd_answers(slurm: Slurm, host: str) -> bool:
+    """Whether ``host``'s slurmd takes a connection; True where that cannot be told."""
+    try:
+        fields = slurm.node_fields(host)
+        addr, port = fields.get("NodeAddr") or host, int(fields.get("Port") or SLURMD_PORT)
+    except (SlurmError, ValueError):
+        return True
+    try:
+        socket.create_connection((addr, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def sigterm_ignored() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class Deputy:
+    """The agent that ends or requeues the job in its lost batch host's place."""
+
+    job_id: int
+    requeue: int
+    node: str
+    folder: JobFolder
+    slurm: Slurm
+    env: Mapping[str, str]
+    job: JobView
+    lost: str
+
+    def say(self, line: str) -> None:
+        """Log ``line`` and put it in the batch log, which its srun no longer feeds."""
+        log.warning("%s", line)
+        if self.job.batch_log is None:
+            return
+        try:
+            with open(self.job.batch_log, "a") as out:
+                out.write(f"hpclaunch[job {self.job_id} node {self.node}]: {line}\n")
+        except OSError as exc:
+            log.warning("could not write to the batch log %s: %s", self.job.batch_log, exc)
+
+    def act(self, status: int) -> int:
+        self.say(
+            f"the batch host {self.lost} is lost ({why_lost(self.job, self.lost)}): its "
+            f"supervisor and srun are gone, so the agent on {self.node} takes their role"
+        )
+        statuses = self.wait_others(status)
+        failed = {node: s for node, s in statuses.items() if s != 0}
+        history = History.load(self.folder.root, self.job_id)
+        if not failed:
+            return self.complete(history)
+        nodes = ", ".join(f"{n} (exit {s})" for n, s in sorted(failed.items()))
+        self.say(f"the training did not finish: the agents on {nodes} failed")
+        if policy.over_budget(self.requeue + 1, history.max_requeues):
+            return self.end_failed(history, status or 1)
+        return self.requeue_without_lost(history, status or 1)
+
+    def wait_others(self, status: int) -> dict[str, int]:
+        """Every survivor's status, as their agents note them (within OTHERS_WAIT_S)."""
+        others = tuple(n for n in self.job.nodes if n not in (self.node, self.lost))
+        deadline = time.monotonic() + OTHERS_WAIT_S
+        found = ended(self.folder, self.requeue, others)
+        while len(found) < len(others) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            found = ended(self.folder, self.requeue, others)
+        missing = sorted(set(others) - set(found))
+        if missing:
+            self.say(f"no end noted by the agents on {', '.join(missing)} "
+                     f"within {OTHERS_WAIT_S:g} s; going by the others")  # fmt: skip
+        return {**found, self.node: status}
+
+    def complete(self, history: History) -> int:
+        done = policy.Decision(policy.Action.NONE, policy.Reason.COMPLETED, 0)
+        self.record(history, 0, done, f"the batch host {self.lost} was lost; the agent on "
+                    f"{self.node} ended the job")  # fmt: skip
+        try:
+            libslurm.complete_job(self.job_id, 0)
+        except SlurmError as exc:
+            self.say(f"the training finished, but the job could not be ended COMPLETED "
+                     f"({exc}); requeueing it: its next run finds the training done at its "
+                     "latest checkpoint")  # fmt: skip
+            return self.requeue_without_lost(history, 0)
+        self.say("the training finished: the job ends COMPLETED")
+        return 0
+
+    def requeue_without_lost(self, history: History, status: int) -> int:
+        excluded = list(dict.fromkeys([*history.excluded_nodes, self.lost]))
+        decision = policy.Decision(policy.Action.REQUEUE, policy.Reason.BATCH_HOST_LOST, status,
+                                   (self.lost,))  # fmt: skip
+        self.say(f"requeueing the job without {','.join(excluded)} (requeue "
+                 f"{self.requeue + 1} of at most {history.max_requeues}); the next run "
+                 "resumes from the latest checkpoint")  # fmt: skip
+        self.record(history, status, decision, f"the batch host {self.lost} was lost; the "
+                    f"agent on {self.node} requeued the job")  # fmt: skip
+        patience = Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SUPERVISOR_GRACE_S)
+        try:
+            requeue_job(self.slurm, self.job_id, excluded, patience.window(), self.requeue)
+        except SlurmError as exc:
+            self.say(f"the job could not be requeued ({describe(exc)}); ending it FAILED")
+            return self.end(status)
+        return status
+
+    def end_failed(self, history: History, status: int) -> int:
+        gave_up = policy.Decision(policy.Action.GIVE_UP, policy.Reason.BATCH_HOST_LOST,
+                                  policy.GAVE_UP_STATUS)  # fmt: skip
+        self.say(f"the job has been requeued {self.requeue} times (--max-requeues "
+                 f"{history.max_requeues}); giving up: the job ends FAILED")  # fmt: skip
+        self.record(history, status, gave_up, f"the batch host {self.lost} was lost; the "
+                    f"agent on {self.node} ended the job")  # fmt: skip
+        return self.end(policy.GAVE_UP_STATUS)
+
+    def end(self, status: int) -> int:
+        """End the job FAILED with ``status``; where libslurm cannot, cancel it."""
+        try:
+            libslurm.complete_job(self.job_id, status)
+        except SlurmError as exc:
+            self.say(f"could not end the job FAILED ({exc}); cancelling it instead")
+            try:
+                self.slurm.cancel(self.job_id)
+            except SlurmError as cancel:
+                self.say(f"could not cancel it either ({describe(cancel)}): scancel "
+                         f"{self.job_id} by hand")  # fmt: skip
+        return status
+
+    def record(self, history: History, status: int, decision: policy.Decision, note: str) -> None:
+        """Close this run's entry in ``history.json`` (the supervisor opened it)."""
+        run = next((r for r in reversed(history.runs) if r.requeue_count == self.requeue), None)
+        if run is None or run.token is None:
+            run = history.start(self.env, self.requeue)
+        error = note if decision.reason is policy.Reason.BATCH_HOST_LOST else None
+        finish(run, status, None, decision, error, verdict=note)
+        try:
+            history_store.save_run(self.folder.root, history, run)
+        except (OSError, HpclaunchError) as exc:
+            self.say(f"could not record the run in {self.folder.history}: {exc}")
