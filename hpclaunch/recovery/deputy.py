@@ -115,17 +115,20 @@ def ended(folder: JobFolder, requeue: int, nodes: tuple[str, ...]) -> dict[str, 
 
 def claim(folder: JobFolder, requeue: int, node: str, lost: str) -> str | None:
     """Take the supervisor's role for run ``requeue``: None when this node has it now,
-    else the node that took it first. Raises OSError."""
+    else the node that took it first. The note is written whole under a name of this
+    node's, then linked into place: ``link`` fails when the name exists (atomic on NFS
+    too), and a reader never sees a half-written note. Raises OSError."""
     path = folder.deputy(requeue)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mine = path.with_name(f".{path.name}.{node}.{os.getpid()}")
+    note = {"node": node, "pid": os.getpid(), "lost": lost, "at": time.time()}
+    write_bytes_atomic(mine, json.dumps(note).encode() + b"\n")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.link(mine, path)
     except FileExistsError:
         return taken_by(folder.root, requeue) or "another node"
-    with os.fdopen(fd, "w") as out:
-        json.dump({"node": node, "pid": os.getpid(), "lost": lost, "at": time.time()}, out)
-        out.flush()
-        os.fsync(out.fileno())
+    finally:
+        mine.unlink(missing_ok=True)
     return None
 
 
@@ -136,7 +139,7 @@ def taken_by(job_dir: Path, requeue: int) -> str | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
-        return "an agent"  # written, not yet readable: taken all the same
+        return "an agent"  # there, but not readable: taken all the same
 
 
 def stood_down(job_dir: Path, requeue: int) -> bool:
