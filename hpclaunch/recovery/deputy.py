@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch.errors import HpclaunchError, SlurmError
-from hpclaunch.job.spec import DEFAULT_SUPERVISOR_GRACE_S
+from hpclaunch.job.spec import DEFAULT_SLURM_PATIENCE_S, DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.jobdir import history_store
 from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.history import History, finish
@@ -44,12 +44,13 @@ from hpclaunch.recovery.job_commands import requeue_job
 from hpclaunch.slurm import libslurm
 from hpclaunch.slurm.commands import NodeState, Slurm
 from hpclaunch.slurm.hostlist import expand
-from hpclaunch.slurm.retry import Patience, describe
+from hpclaunch.slurm.retry import Patience, describe, persist
 
 log = logging.getLogger(__name__)
 
 OTHERS_WAIT_S = 60.0  # for the other survivors' agents to note their ends
 _POLL_S = 0.5
+LOST_STATES = ("down", "fail", "failing")
 # How long an agent whose batch host's slurmd does not answer waits for SLURM to say
 # whether the host is lost (SLURM does after SlurmdTimeout, 300 s by default).
 VERDICT_WAIT_S = 600.0
@@ -79,20 +80,26 @@ class JobView:
 
 
 def lost_batch_host(job: JobView, states: Mapping[str, NodeState]) -> str | None:
-    """The batch host when the job has lost it (SLURM took it out of the RUNNING job, or
-    marks it down, failed or not responding); else None. Pure."""
+    """The batch host when SLURM says the job has lost it (took it out of the RUNNING
+    job, or marks it down or failed); else None. "Not responding" alone is no verdict:
+    a busy host may answer late (see watch_batch_host). Pure."""
     host = job.batch_host
     if job.state != "RUNNING" or not host or host == "(null)":
         return None
-    if host not in job.nodes or (host in states and states[host].lost):
+    if host not in job.nodes or (host in states and states[host].state in LOST_STATES):
         return host
     return None
+
+
+def silent(job: JobView, states: Mapping[str, NodeState]) -> bool:
+    """Whether SLURM has not heard from the batch host lately (a ``*`` in sinfo). Pure."""
+    return job.batch_host in states and not states[job.batch_host].responding
 
 
 def why_lost(job: JobView, host: str) -> str:
     if host not in job.nodes:
         return f"SLURM took it out of the job, which runs on {','.join(job.nodes)}"
-    return "SLURM marks it down or not responding"
+    return "SLURM marks it down or no longer hears from it, and its slurmd does not answer"
 
 
 def note_end(folder: JobFolder, requeue: int, node: str, status: int) -> None:
@@ -161,21 +168,28 @@ def after_agent(
     note it, and take the supervisor's role if the batch host is lost and no other
     agent has. Returns the agent's exit status."""
     folder = JobFolder(job_dir)
-    try:
-        note_end(folder, requeue, node, status)
-        job, lost = watch_batch_host(job_id, node, slurm)
-        if lost is None:
+    if status in policy.STOPPED_STATUSES:
+        return status  # a signal the supervisor passed on: it was there to act
+    # torch's handler would raise at any point of this: SLURM's SIGKILL follows anyway.
+    with sigterm_ignored():
+        try:
+            note_end(folder, requeue, node, status)
+            job, lost = watch_batch_host(job_id, node, slurm)
+            if lost is None:
+                return status
+            holder = claim(folder, requeue, node, lost)
+        except (OSError, ValueError, SlurmError) as exc:
+            log.warning("could not check whether the batch host is still in the job: %s", exc)
             return status
-        holder = claim(folder, requeue, node, lost)
-    except (OSError, ValueError, SlurmError) as exc:
-        log.warning("could not check whether the batch host is still in the job: %s", exc)
-        return status
-    deputy = Deputy(job_id, requeue, node, folder, slurm, env, job, lost)
-    if holder is not None:
-        deputy.say(f"the batch host {lost} is lost; the agent on {holder} has its role")
-        return status
-    with sigterm_ignored():  # SLURM's, as the job ends or is requeued under us
-        return deputy.act(status)
+        deputy = Deputy(job_id, requeue, node, folder, slurm, env, job, lost)
+        if holder is not None:
+            deputy.say(f"the batch host {lost} is lost; the agent on {holder} has its role")
+            return status
+        try:
+            return deputy.act(status)
+        except Exception as exc:  # the role is this agent's alone: the job must still end
+            deputy.say(f"the deputy failed ({type(exc).__name__}: {exc}); ending the job FAILED")
+            return deputy.end(status or 1)
 
 
 def watch_batch_host(
@@ -185,13 +199,22 @@ def watch_batch_host(
     does not answer and SLURM has not yet said that the host is lost, wait for SLURM's
     verdict, at most ``wait_s``. Raises SlurmError, ValueError."""
     deadline, said = time.monotonic() + wait_s, False
+    window = Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SLURM_PATIENCE_S).window()
     while True:
-        job = JobView.of(slurm.job_fields(job_id))
+        job = JobView.of(persist(lambda s: s.job_fields(job_id), slurm, window))
         if job.state != "RUNNING" or job.batch_host in ("", "(null)", node):
             return job, None
-        lost = lost_batch_host(job, slurm.node_states())
-        if lost is not None or slurmd_answers(slurm, job.batch_host):
+        states = persist(lambda s: s.node_states(), slurm, window)
+        lost = lost_batch_host(job, states)
+        if lost is not None:
             return job, lost
+        # slurmd answers slurmd (SLURM's messages fan out through the nodes), so a batch
+        # host whose slurmd takes a connection is alive; one SLURM no longer hears from,
+        # whose slurmd does not answer, is lost.
+        if slurmd_answers(slurm, job.batch_host):
+            return job, None
+        if silent(job, states):
+            return job, job.batch_host
         if time.monotonic() > deadline:
             log.warning("the batch host %s did not answer for %g s, and SLURM still counts "
                         "it in the job; leaving the job to it", job.batch_host, wait_s)  # fmt: skip
@@ -207,7 +230,7 @@ def slurmd_answers(slurm: Slurm, host: str) -> bool:
     """Whether ``host``'s slurmd takes a connection; True where that cannot be told."""
     try:
         fields = slurm.node_fields(host)
-        addr, port = fields.get("NodeAddr") or host, int(fields.get("Port") or SLURMD_PORT)
+        addr, port = fields.get("NodeAddr") or host, int(fields.get("Port") or slurmd_port(slurm))
     except (SlurmError, ValueError):
         return True
     try:
@@ -215,6 +238,18 @@ def slurmd_answers(slurm: Slurm, host: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def slurmd_port(slurm: Slurm) -> int:
+    """SlurmdPort from ``scontrol show config`` (6818 where it is not said)."""
+    try:
+        for line in slurm.config().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmdPort":
+                return int(value.strip())
+    except (SlurmError, ValueError):
+        pass
+    return SLURMD_PORT
 
 
 @contextmanager
@@ -308,6 +343,9 @@ class Deputy:
             requeue_job(self.slurm, self.job_id, excluded, patience.window(), self.requeue)
         except SlurmError as exc:
             self.say(f"the job could not be requeued ({describe(exc)}); ending it FAILED")
+            failed = policy.Decision(policy.Action.REQUEUE_FAILED, decision.reason, status)
+            self.record(history, status, failed, f"the batch host {self.lost} was lost; the "
+                        "job could not be requeued")  # fmt: skip
             return self.end(status)
         return status
 

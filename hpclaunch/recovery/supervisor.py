@@ -260,6 +260,8 @@ class Supervisor:
         """SLURM kills this process KillWait seconds after its SIGTERM, maybe before the
         step has ended: a requeue by SLURM is recorded at once."""
         self.patience.signalled()
+        if self.job_dir and stood_down(self.job_dir, self.requeue_count):
+            return  # this host was lost from the job: an agent has its run (and history)
         if first_signal in requeue.STOP_SIGNALS:
             restarts = slurm_restarts(self.slurm, self.job_id, self.patience.window())
             if restarts is not None and restarts > self.requeue_count:

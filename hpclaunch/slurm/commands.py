@@ -219,6 +219,10 @@ class Slurm:
         """``scontrol show node NAME`` as KEY=VALUE pairs. Raises SlurmError."""
         return parse_show_job(self._run(("scontrol", "show", "node", name)).stdout)
 
+    def config(self) -> str:
+        """``scontrol show config`` as printed (``KEY = VALUE`` lines). Raises SlurmError."""
+        return self._run(("scontrol", "show", "config")).stdout
+
     def topology(self) -> str:
         """``scontrol show topology`` as printed (see context.parse_topology)."""
         return self._run(("scontrol", "show", "topology")).stdout

@@ -59,6 +59,13 @@ def complete_job(job_id: int, status: int, timeout_s: float = COMPLETE_TIMEOUT_S
         raise SlurmError(argv, done.returncode, done.stderr, f"{what}: {why[0]}")
 
 
+def wait_status(exit_status: int) -> int:
+    """The wait status of a process that exited with ``exit_status`` (0..255). Pure."""
+    if not 0 <= exit_status <= 255:
+        raise ValueError(f"an exit status is 0..255, not {exit_status}")
+    return exit_status << 8
+
+
 def _load() -> ctypes.CDLL:
     """SLURM's client library, loaded with its symbols global (its plugins need them).
     Raises OSError."""
@@ -83,7 +90,9 @@ def _main(argv: Sequence[str]) -> int:
         return 1
     if hasattr(lib, "slurm_init"):  # SLURM 20.11 on: read slurm.conf first
         lib.slurm_init(None)
-    if lib.slurm_complete_job(ctypes.c_uint32(job_id), ctypes.c_uint32(status)) != 0:
+    # SLURM reads the code as a wait status (WIFEXITED, WEXITSTATUS), as slurmd reports a
+    # batch script's end: exit N is N << 8, which a raw N would read as a signal.
+    if lib.slurm_complete_job(ctypes.c_uint32(job_id), ctypes.c_uint32(wait_status(status))) != 0:
         lib.slurm_strerror.restype = ctypes.c_char_p
         text = lib.slurm_strerror(lib.slurm_get_errno()) or b"unknown error"
         print(f"SLURM refused: {text.decode(errors='replace')}", file=sys.stderr)

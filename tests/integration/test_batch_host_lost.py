@@ -7,6 +7,7 @@ digest of an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,10 @@ from hpclaunch.slurm.hostlist import expand
 from tests.integration.etcd_fixture import EtcdServer
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
-from tests.integration.test_etcd_sandbox import etcd_on_host  # noqa: F401 (a fixture)
+from tests.integration.test_etcd_sandbox import (
+    etcd_on_host,  # noqa: F401 (a fixture)
+    etcd_servers_of,
+)
 from tests.integration.test_fault_tolerance import submit as submit_training
 from tests.integration.training_jobs import Job
 
@@ -46,6 +50,15 @@ def lose_the_batch_host(sandbox: Running, job: Job) -> tuple[str, list[str]]:
     assert len(nodes) == 3 and batch == nodes[0], f"SLURM gave {nodes}, batch host {batch}"
     sandbox.box.kill_node(batch)
     return batch, nodes
+
+
+def forget_the_dead_sidecar(job: Job) -> None:
+    """The killed host's sidecar left its data folder in /tmp, which all the sandbox's
+    nodes share; a real node's went with its crash or reboot. Every other sidecar of the
+    job removed its own."""
+    for left in Path("/tmp").glob(f"hpclaunch-{job.id}-0-*"):
+        shutil.rmtree(left)
+    assert not list(Path("/tmp").glob(f"hpclaunch-{job.id}-*"))
 
 
 def rank0_lines(job: Job, attempt: int, kind: str) -> list[dict[str, object]]:
@@ -103,6 +116,8 @@ def test_with_the_sidecar_on_the_lost_host_the_job_is_requeued_without_it(
     finally:
         if batch:
             sandbox.box.start_node(batch)
+            forget_the_dead_sidecar(job)
+    assert not etcd_servers_of(job.id)
     assert batch not in expand(job.fields()["NodeList"])
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["started_at"] > 0 and result["world_size"] == 6, result

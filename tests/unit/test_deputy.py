@@ -40,9 +40,13 @@ def test_a_batch_host_still_in_the_job_is_lost_only_when_slurm_marks_it_so() -> 
     job = view(AFTER_LOSS.replace("NodeList=n[2-3]", "NodeList=n[1-3]"))
     assert lost_batch_host(job, {"n1": UP}) is None
     assert lost_batch_host(job, {}) is None  # sinfo did not list it: no verdict
-    assert lost_batch_host(job, {"n1": NodeState("mixed", responding=False)}) == "n1"
     assert lost_batch_host(job, {"n1": NodeState("down")}) == "n1"
-    assert "down or not responding" in deputy.why_lost(job, "n1")
+    assert lost_batch_host(job, {"n1": NodeState("down", responding=False)}) == "n1"
+    # Not heard from lately is no verdict by itself: the probe of its slurmd decides.
+    busy = {"n1": NodeState("mixed", responding=False)}
+    assert lost_batch_host(job, busy) is None
+    assert deputy.silent(job, busy) and not deputy.silent(job, {"n1": UP})
+    assert "does not answer" in deputy.why_lost(job, "n1")
 
 
 @pytest.mark.parametrize("state", ["COMPLETING", "COMPLETED", "PENDING", "REQUEUED"])
@@ -94,6 +98,21 @@ def test_the_agents_ends_are_read_back_by_node(tmp_path: Path) -> None:
     folder.agent_end(0, "n4").write_text("{not json")
     assert deputy.ended(folder, 0, ("n2", "n3", "n4", "n5")) == {"n2": 0, "n3": 1}
     assert deputy.ended(folder, 1, ("n2",)) == {}
+
+
+def test_a_job_stopped_by_a_signal_is_left_to_its_supervisor(tmp_path: Path) -> None:
+    # 128 + SIGUSR1: the supervisor passed the warning on, so it is there to act; the
+    # agent asks SLURM nothing (no runner would answer here) and notes nothing.
+    status = deputy.after_agent(138, job_id=2, requeue=0, node="n2", job_dir=tmp_path,
+                                slurm=None, env={})  # type: ignore[arg-type]  # fmt: skip
+    assert status == 138 and not JobFolder(tmp_path).agents(0).exists()
+
+
+def test_slurm_is_given_the_wait_status_of_the_exit() -> None:
+    assert libslurm.wait_status(0) == 0
+    assert libslurm.wait_status(4) == 4 << 8
+    with pytest.raises(ValueError, match="not 256"):
+        libslurm.wait_status(256)
 
 
 def test_libslurm_is_looked_for_beside_scontrol_first(tmp_path: Path) -> None:
