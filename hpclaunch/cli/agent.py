@@ -71,8 +71,8 @@ def agent(
     try:
         helpers = (sidecar.proc.pid,) if sidecar is not None else ()
         status = node_agent.launch(ctx, opts, plan, obj.env, helpers)
-        if opts.no_kill and opts.supervised:  # the batch host may be gone: see deputy
-            status = node_agent.after_no_kill_run(status, ctx, opts, obj.env, obj.slurm)
+        if opts.supervised:  # the supervisor reads how each agent ended
+            status = node_agent.after_run(status, ctx, opts, obj.env, obj.slurm)
     finally:
         if sidecar is not None:
             sidecar.stop()

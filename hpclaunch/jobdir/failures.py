@@ -19,6 +19,7 @@ import enum
 import json
 import re
 import signal
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -152,6 +153,15 @@ def read_block(job_dir: Path, requeue_count: int, node: str | None) -> str | Non
         except OSError:
             continue
     return None
+
+
+def print_block(job_dir: Path, requeue_count: int, node: str | None) -> None:
+    """Print one root-cause block for the job on stderr: the one ``node``'s agent left,
+    else any (srun may have stopped that node's agent before it gave up)."""
+    block = read_block(job_dir, requeue_count, node)
+    if block is not None:
+        sys.stderr.write(block)
+        sys.stderr.flush()
 
 
 def shared_folders(

@@ -24,6 +24,9 @@ class Reason(enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"  # the step failed by itself
     TIME_LIMIT = "time limit"  # SLURM's warning signal before the time limit
+    # SIGTERM (or SIGINT) sent to the job's steps only, not to the batch script: scancel
+    # --signal TERM, submitit's _interrupt(); the job goes on, so it is requeued.
+    STEPS_STOPPED = "steps stopped"
     REQUEUED_BY_SLURM = "requeued by SLURM"  # scontrol requeue, preemption, a lost node
     CANCELLED = "cancelled"  # scancel, or the time limit itself
     OVER_BUDGET = "over the requeue budget"

@@ -121,16 +121,24 @@ def check_job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str
         ) from None
 
 
-def after_no_kill_run(
+def after_run(
     status: int, ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str], slurm: Slurm
 ) -> int:
-    """The exit status of a --no-kill job's agent whose run ended with ``status``: when
-    the batch host is lost, this agent may have ended or requeued the job in its place."""
+    """The exit status of a supervised agent whose run ended with ``status``, noted in
+    the job folder for the supervisor (hpclaunch.recovery.stops); in a --no-kill job
+    whose batch host is lost, this agent may end or requeue the job in its place."""
     from hpclaunch.recovery import deputy
 
+    job_dir = job_folder(ctx, opts, env)
+    try:
+        deputy.note_end(JobFolder(job_dir), ctx.restart_count, ctx.hostname, status)
+    except OSError as exc:
+        log.warning("could not note this agent's end in %s: %s", job_dir, exc)
+    if not opts.no_kill:
+        return status
     return deputy.after_agent(
         status, job_id=ctx.job_id, requeue=ctx.restart_count, node=ctx.hostname,
-        job_dir=job_folder(ctx, opts, env), slurm=slurm, env=env,
+        job_dir=job_dir, slurm=slurm, env=env,
     )  # fmt: skip
 
 

@@ -164,16 +164,15 @@ def after_agent(
     status: int, *, job_id: int, requeue: int, node: str, job_dir: Path, slurm: Slurm,
     env: Mapping[str, str],
 ) -> int:  # fmt: skip
-    """What a ``--no-kill`` job's agent does when its run has ended with ``status``:
-    note it, and take the supervisor's role if the batch host is lost and no other
-    agent has. Returns the agent's exit status."""
+    """What a ``--no-kill`` job's agent does when its run has ended with ``status`` (and
+    is noted, see note_end): take the supervisor's role if the batch host is lost and no
+    other agent has. Returns the agent's exit status."""
     folder = JobFolder(job_dir)
     if status in policy.STOPPED_STATUSES:
         return status  # a signal the supervisor passed on: it was there to act
     # torch's handler would raise at any point of this: SLURM's SIGKILL follows anyway.
     with sigterm_ignored():
         try:
-            note_end(folder, requeue, node, status)
             job, lost = watch_batch_host(job_id, node, slurm)
             if lost is None:
                 return status

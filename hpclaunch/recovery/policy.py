@@ -43,6 +43,9 @@ class Situation:
     cancelled: bool = False  # `hpclaunch cancel` asked for the end of the job
     died: tuple[str, ...] = ()  # the nodes whose agent srun reports killed by a signal
     srun_killed: bool = False  # srun itself died by a signal the supervisor did not send
+    # Every agent was stopped by ``first_signal``, sent to the job's steps only (scancel
+    # --signal, submitit's _interrupt): the job is not ending, as after SLURM's own SIGTERM.
+    steps_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ def decide(s: Situation) -> Decision:
         if s.requeue_count >= s.max_requeues:
             return Decision(Action.GIVE_UP, Reason.OVER_BUDGET, GAVE_UP_STATUS)
         return Decision(Action.REQUEUE, Reason.TIME_LIMIT, 0)
+    if stopped and s.steps_only:  # a preemption's stop, without SLURM's requeue
+        if s.requeue_count >= s.max_requeues:
+            return Decision(Action.GIVE_UP, Reason.OVER_BUDGET, GAVE_UP_STATUS)
+        return Decision(Action.REQUEUE, Reason.STEPS_STOPPED, 0)
     if stopped:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
     if s.status == 0:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
@@ -33,7 +32,7 @@ from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
-from hpclaunch.recovery import stepdeath, verdicts
+from hpclaunch.recovery import stepdeath, stops, verdicts
 from hpclaunch.recovery.deputy import stood_down
 from hpclaunch.recovery.job_commands import keep_lost_out, requeue_job, slurm_restarts
 from hpclaunch.slurm.commands import Slurm
@@ -271,6 +270,9 @@ class Supervisor:
         """Decide what follows the step, act on it, record it; the exit status."""
         if self.job_dir and stood_down(self.job_dir, self.requeue_count):
             return result.status
+        unseen = stops.unseen(self.job_dir, self.requeue_count, job_nodes(self.env), result)
+        if unseen is not None:  # every agent was stopped by a signal sent to the steps only
+            result = replace(result, signals=(unseen,))
         if result.signals:
             self.patience.signalled()
         restarts = (
@@ -288,6 +290,7 @@ class Supervisor:
                 self.max_failure_requeues, history.exclusion_errors if history else (),
                 self.job_dir is not None and JobFolder(self.job_dir).cancelled.exists(),
                 tuple(d.node for d in result.died), result.srun_signal is not None,
+                unseen is not None,
             )
         )  # fmt: skip
         if self.verdict is not None and verdicts.stands(self.finding, decision.reason):
@@ -310,7 +313,9 @@ class Supervisor:
         self.finding = verdicts.examine(records, job_nodes(self.env), shared)
         self.finding = verdicts.hang_or_lost(self.finding, self.slurm, job_nodes(self.env))
         if self.finding.verdict is not failures.Verdict.HANG:  # a waiter's block misleads
-            _print_root_cause(job_dir, self.requeue_count, failures.culprit(records, self.finding))
+            failures.print_block(
+                job_dir, self.requeue_count, failures.culprit(records, self.finding)
+            )
         log.info("supervisor: failure records: %s %s", self.finding.verdict.value,
                  " ".join(self.finding.nodes))  # fmt: skip
         self.verdict = verdicts.explain(self.finding, self.job_id, job_dir, job_nodes(self.env))
@@ -388,12 +393,3 @@ class Supervisor:
                     "supervisor outlived it, so it does not requeue the job",
                     newer["requeue_count"] if newer else restarts)  # fmt: skip
         return requeue.Decision(requeue.Action.NONE, requeue.Reason.LOST, 0)
-
-
-def _print_root_cause(job_dir: Path, requeue_count: int, node: str | None) -> None:
-    """One root-cause block for the job: the one ``node``'s agent left, else any
-    (srun may have stopped that node's agent before it gave up)."""
-    block = failures.read_block(job_dir, requeue_count, node)
-    if block is not None:
-        sys.stderr.write(block)
-        sys.stderr.flush()

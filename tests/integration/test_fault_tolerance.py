@@ -58,7 +58,19 @@ def test_a_worker_crash_is_restarted_in_place(
     check_restarted_in_place(submit(sandbox, tmp_path, *CRASH), uninterrupted)
 
 
-@pytest.mark.parametrize("how", ["scontrol requeue", "time-limit warning", "preemption"])
+# What each interruption leaves in the history of the run it stopped.
+INTERRUPTED = {
+    "scontrol requeue": ("requeued by SLURM", "SLURM requeues"),
+    "time-limit warning": ("time limit", "requeue"),
+    "preemption": ("requeued by SLURM", "SLURM requeues"),
+    # Sent to the steps only, as submitit's job._interrupt() does: the supervisor gets
+    # nothing and reads the signal from the agents' notes (hpclaunch.recovery.stops).
+    "a warning to the steps": ("time limit", "requeue"),
+    "SIGTERM to the steps": ("steps stopped", "requeue"),
+}
+
+
+@pytest.mark.parametrize("how", list(INTERRUPTED))
 def test_an_interrupted_job_is_requeued_once_and_resumes(
     sandbox: Running, tmp_path: Path, uninterrupted: str, how: str
 ) -> None:
@@ -69,6 +81,8 @@ def test_an_interrupted_job_is_requeued_once_and_resumes(
         "time-limit warning": ("scancel", "--signal=USR1", "--batch", str(job.id)),
         # A job of the high partition that needs every node whole preempts (requeues) this one.
         "preemption": ("sbatch", "-p", "high", "-N4", "--exclusive", *HIGH_JOB),
+        "a warning to the steps": ("scancel", "--signal=USR2", str(job.id)),
+        "SIGTERM to the steps": ("scancel", "--signal=TERM", str(job.id)),
     }
     job.run(*interrupt[how])
     assert job.wait_end() == "COMPLETED", job.log
@@ -77,9 +91,7 @@ def test_an_interrupted_job_is_requeued_once_and_resumes(
     assert [s["requeue"] for s in starts] == ["0", "1"]
     assert int(str(starts[1]["step"])) >= 10  # resumed, not restarted from scratch
     assert job.fields()["Restarts"] == "1"
-    by_us = how == "time-limit warning"
-    first = ("time limit", "requeue") if by_us else ("requeued by SLURM", "SLURM requeues")
-    assert job.history() == [(0, *first), (1, "completed", "none")]
+    assert job.history() == [(0, *INTERRUPTED[how]), (1, "completed", "none")]
 
 
 def test_a_lost_node_requeues_the_job_onto_the_others(
