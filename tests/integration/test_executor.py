@@ -119,6 +119,23 @@ def test_a_submitit_checkpointable_callable_is_requeued_with_its_state(
     assert result["first"] >= 4, result  # checkpoint() carried rank 0's state over
 
 
+@pytest.mark.parametrize("timeout", [False, True], ids=["preemption", "timeout"])
+def test_submitits_interrupt_requeues_a_checkpointable_callable(
+    on_sandbox: Running, tmp_path: Path, timeout: bool
+) -> None:
+    """submitit's documented way to try checkpointing: ``job._interrupt()`` signals the
+    job's steps only (SIGTERM then SIGUSR2 for a preemption, SIGUSR2 for a timeout)."""
+    progress = tmp_path / "progress"
+    job = executor(tmp_path).submit(executor_jobs.Counter(), 30, 0.2, str(progress))
+    wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 4,
+             timeout_s=120, what="the callable's step 4")  # fmt: skip
+    job._interrupt(timeout=timeout)
+    result = job.result()
+    assert result["requeue"] == 1 and result["done"] == list(range(30)), result
+    assert result["first"] >= 4, result
+    assert scontrol(job.job_id)["Restarts"] == "1"
+
+
 def test_an_array_of_three_two_node_jobs_completes(on_sandbox: Running, tmp_path: Path) -> None:
     ex = executor(tmp_path, array_parallelism=2)
     jobs = ex.map_array(executor_jobs.all_reduce, [1.0, 2.0, 3.0])
