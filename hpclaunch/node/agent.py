@@ -222,6 +222,7 @@ def _launch(
         run_agent,
     )
     from hpclaunch.node.rank_logs import RankLogs
+    from hpclaunch.node.recording_agent import received
     from hpclaunch.rendezvous import etcd_rdzv, ranked_c10d
 
     ranked_c10d.register()
@@ -263,6 +264,10 @@ def _launch(
     except SignalException as exc:
         log.info("stopped by %s", exc.sigval.name)
         return 128 + int(exc.sigval)
+    stopped = received()
+    if stopped is not None:  # the workers ended (status 0) on a stop signal: not done
+        log.info("stopped by %s (the workers ended by themselves)", stopped.name)
+        return 128 + int(stopped)
     return 0
 
 

@@ -112,6 +112,19 @@ def parents() -> dict[int, int]:
     return out
 
 
+def in_slurm_step() -> bool:
+    """Whether this process is a task of a SLURM job step (its parent is slurmstepd, and
+    the step is not the batch script's): SLURM's signals to the step then reach every
+    process of it, this one's children included."""
+    step = os.environ.get("SLURM_STEP_ID", "")
+    if not step or step in ("batch", "extern", "4294967294", "4294967291"):
+        return False
+    try:
+        return Path(f"/proc/{os.getppid()}/comm").read_text().strip() == "slurmstepd"
+    except OSError:
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     """Whether a live process (zombies count as dead) is in process group ``pgid``."""
     try:

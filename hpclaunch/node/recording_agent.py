@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
+from hpclaunch.node import procs
 from hpclaunch.node.sweep import Sweeper
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
@@ -115,6 +116,37 @@ class RecordingAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.SUCCEEDED)
         return result
 
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        """Stop the workers, as torch does; but a stop signal that SLURM sent to every
+        process of the step (the agent is a task of a job step: scancel, a requeue, a
+        preemption, srun passing the supervisor's signals on) is not sent again. The
+        workers got it once, as every framework's handler expects; they get ``timeout``
+        seconds to end, and what is left is killed."""
+        if death_sig in _received and self._pcontext is not None and procs.in_slurm_step():
+            if not self._workers_ended(timeout):
+                log.warning("workers still running %d s after %s; sending SIGKILL", timeout,
+                            death_sig.name)  # fmt: skip
+            death_sig = signal.SIGKILL  # reaches only the workers still running
+        super()._shutdown(death_sig, timeout)
+
+    def _workers_ended(self, timeout: float) -> bool:
+        """Whether every worker of the group ended within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._running_workers():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._wait_for_exit(min(left, 0.1))
+        return True
+
+    def _running_workers(self) -> list[int]:
+        context = self._pcontext
+        alive = getattr(context, "_alive", None)  # the warm context knows its own
+        if alive is not None:
+            return list(alive())
+        handlers = getattr(context, "subprocess_handlers", {})
+        return [rank for rank, handler in handlers.items() if handler.proc.poll() is None]
+
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         take = getattr(worker_group.spec.rdzv_handler, "take_lost_peer", None)
         if take is not None and take():
@@ -147,6 +179,7 @@ class RecordingAgent(LocalElasticAgent):
             duplicate_stdout_filters=spec.duplicate_stdout_filters,
             duplicate_stderr_filters=spec.duplicate_stderr_filters,
         )  # fmt: skip
+        self._handle_signals()  # again: torch's process context put its own in at start
         return self._pcontext.pids()
 
     def _worker_envs(
@@ -206,10 +239,20 @@ class RecordingAgent(LocalElasticAgent):
             signal.signal(sig, _raise_signal)
 
 
+# The stop signal this agent got, if any (a worker group that then exits 0 was stopped).
+_received: list[signal.Signals] = []
+
+
+def received() -> signal.Signals | None:
+    """The first stop signal this agent got; None when none came."""
+    return _received[0] if _received else None
+
+
 def _raise_signal(signum: int, frame: Any) -> None:
     """What torch's process context does on a stop signal: raise SignalException,
     which the agent answers by stopping the workers."""
     sigval = signal.Signals(signum)
+    _received.append(sigval)
     raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 
 
