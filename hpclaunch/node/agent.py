@@ -287,13 +287,22 @@ def _workers_start(
 
 
 def _recorder(ctx: NodeContext, job: Path, logs: RankLogs) -> OnFailure:
-    """The agent's ``on_failure``: a failure record of each failed attempt in ``job``."""
+    """The agent's ``on_failure``: a failure record of each failed attempt in ``job``;
+    True (restart no more) when every node's workers failed with one error of their
+    own (hpclaunch.node.failfast)."""
+    from hpclaunch.node import failfast
 
-    def record(result: RunResult, attempt: int) -> None:
+    def record(result: RunResult, attempt: int, nodes: int) -> bool:
         failed = _failures(result.failures, logs.folder)
-        path = failures.write(job, failures.record_of(
-            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed))  # fmt: skip
+        mine = failures.record_of(ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed)
+        path = failures.write(job, mine)
         log.info("attempt %d failed; record in %s", attempt, path)
+        bug = failfast.everywhere(job, ctx.restart_count, attempt, mine, nodes)
+        if bug is not None:
+            log.error("every worker of attempt %d failed with the same error (%s): a bug in "
+                      "the script, which restarting would not mend; not restarting", attempt,
+                      bug)  # fmt: skip
+        return bug is not None
 
     return record
 

@@ -49,8 +49,12 @@ SIGNALS_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 StartProcesses = Callable[..., PContext]
 # Called with the attempt's number: hpclaunch's part of that attempt's worker environment.
 WorkerEnv = Callable[[int], Mapping[str, str]]
-# Called with the failed attempt's result and the attempt's number.
-OnFailure = Callable[[RunResult, int], None]
+# Called with the failed attempt's result, the attempt's number and the number of nodes
+# in its round; True: restart no more (a bug in the script, see hpclaunch.node.failfast).
+OnFailure = Callable[[RunResult, int, int], bool]
+# After a worker failed, how long the node's other workers get to fail by themselves
+# before they are stopped: a bug fails every worker at about the same point.
+SETTLE_S = 0.5
 
 
 class RecordingAgent(LocalElasticAgent):
@@ -83,13 +87,35 @@ class RecordingAgent(LocalElasticAgent):
         self._wait_for_exit(self._monitor_wait_s)
         if self._sweeper is not None:
             self._sweeper.reap(owned=self._worker_pids())
+        self._settle()
         result: RunResult = super()._monitor_workers(worker_group)
         if result.is_failed() and self._on_failure is not None:
             try:
-                self._on_failure(result, self.attempt)
+                final = self._on_failure(result, self.attempt, worker_group.group_world_size or 1)
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
+                final = False
+            if final:
+                self._remaining_restarts = 0
         return result
+
+    def _settle(self) -> None:
+        """When a worker has failed, give the others SETTLE_S seconds to end by
+        themselves before torch stops them, so that the failure record shows whether
+        they failed too (hpclaunch.node.failfast)."""
+        context = self._pcontext
+        if context is None or not self._running_workers() or not self._some_failed():
+            return
+        deadline = time.monotonic() + SETTLE_S
+        while self._running_workers() and time.monotonic() < deadline:
+            self._wait_for_exit(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def _some_failed(self) -> bool:
+        codes = getattr(self._pcontext, "_returncodes", None)  # the warm context's
+        if codes is not None:
+            return any(code != 0 for code in codes().values())
+        handlers = getattr(self._pcontext, "subprocess_handlers", {})
+        return any(h.proc.returncode not in (None, 0) for h in handlers.values())
 
     def _worker_pids(self) -> set[int]:
         """The pids of the current worker group (torch reads their exit status: the

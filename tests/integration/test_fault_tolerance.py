@@ -198,6 +198,9 @@ def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_p
     assert job.history() == [(0, "the same error on every node", "none")]
     assert "ValueError: bad value at step 3" in job.log
     assert job.log.count("root cause: rank") == 1  # one block for the job, not one per node
+    # A bug fails the job at once: one attempt, not four of the same traceback.
+    assert [s["attempt"] for s in job.lines("START")] == ["0"], job.log
+    assert "a bug in the script, which restarting would not mend" in job.log
 
 
 def test_scancel_never_requeues(sandbox: Running, tmp_path: Path) -> None:
