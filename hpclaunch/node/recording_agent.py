@@ -34,6 +34,7 @@ from torch.distributed.elastic.utils.api import macros
 
 from hpclaunch.node import procs
 from hpclaunch.node.sweep import Sweeper
+from hpclaunch.node.worker_env import slurm_task_view
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,7 @@ class RecordingAgent(LocalElasticAgent):
         envs: dict[int, dict[str, str]] = {}
         args: dict[int, tuple[Any, ...]] = {}
         prefixes: dict[int, str] | None = {} if self._log_line_prefix_template else None
+        node_ranks = [worker.global_rank for worker in worker_group.workers]
         for worker in worker_group.workers:
             local_rank = worker.local_rank
             env: dict[str, str | None] = {
@@ -244,6 +246,11 @@ class RecordingAgent(LocalElasticAgent):
                 ),
             }  # fmt: skip
             self._set_local_rank_env(env, local_rank, spec)
+            env.update(slurm_task_view(
+                os.environ, rank=worker.global_rank, local_rank=local_rank,
+                world_size=worker.world_size or 0, local_world_size=spec.local_world_size,
+                nodes=worker_group.group_world_size or 1, node_ranks=node_ranks,
+            ))  # fmt: skip
             if "OMP_NUM_THREADS" in os.environ:
                 env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
             if prefixes is not None:

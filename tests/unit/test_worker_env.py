@@ -48,3 +48,25 @@ def test_the_script_exports_the_variables_it_sets() -> None:
     for var in WORKER_VARS:
         if var.set_by is SetBy.SCRIPT:
             assert re.search(rf"^export {var.name}=", script, re.M), var.name
+
+
+def test_a_worker_sees_slurm_task_variables_of_its_own() -> None:
+    agent = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
+             "SLURM_NODEID": "1", "SLURM_GTIDS": "1"}  # fmt: skip
+    view = worker_env.slurm_task_view(agent, rank=3, local_rank=1, world_size=4,
+                                      local_world_size=2, nodes=2, node_ranks=[2, 3])  # fmt: skip
+    assert view["SLURM_PROCID"] == "3" and view["SLURM_LOCALID"] == "1"
+    assert view["SLURM_NTASKS"] == view["SLURM_NPROCS"] == view["SLURM_STEP_NUM_TASKS"] == "4"
+    assert view["SLURM_NTASKS_PER_NODE"] == "2" and view["SLURM_TASKS_PER_NODE"] == "2(x2)"
+    assert view["SLURM_GTIDS"] == "2,3"
+    assert "SLURM_NODEID" not in view  # the node's, and the worker's too
+    # The agent's own values, kept under the prefix (only those SLURM set).
+    assert view["HPCLAUNCH_AGENT_SLURM_PROCID"] == "1"
+    assert view["HPCLAUNCH_AGENT_SLURM_NTASKS"] == "2"
+    assert "HPCLAUNCH_AGENT_SLURM_NPROCS" not in view
+
+
+def test_outside_a_slurm_task_nothing_is_added() -> None:
+    view = worker_env.slurm_task_view({}, rank=0, local_rank=0, world_size=1,
+                                      local_world_size=1, nodes=1, node_ranks=[0])  # fmt: skip
+    assert view == {}
