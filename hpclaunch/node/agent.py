@@ -8,6 +8,7 @@ torch is imported only by ``launch``.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import os
 import shutil
@@ -35,6 +36,7 @@ from hpclaunch.node.options import (
     worker_env,
 )
 from hpclaunch.node.sweep import Sweeper
+from hpclaunch.node.worker_env import framework_env
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder, parse_topology
 
@@ -238,7 +240,7 @@ def _launch(
     try:
         run_agent(
             LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
-            worker_env=lambda attempt: worker_env(ctx, opts.rdzv, attempt),
+            worker_env=lambda attempt: _worker_env(ctx, opts, attempt),
             on_failure=_recorder(ctx, job, logs),
             monitor_wait_s=opts.monitor_interval_s, start_processes=start, sweeper=sweeper,
         )  # fmt: skip
@@ -269,6 +271,20 @@ def _launch(
         log.info("stopped by %s (the workers ended by themselves)", stopped.name)
         return 128 + int(stopped)
     return 0
+
+
+def _worker_env(ctx: NodeContext, opts: AgentOptions, attempt: int) -> dict[str, str]:
+    """hpclaunch's part of the workers' environment for ``attempt``, and what frameworks
+    need to be distributed on this node (hpclaunch.node.worker_env.framework_env)."""
+    return {**worker_env(ctx, opts.rdzv, attempt), **framework_env(os.environ, _gpu_devices())}
+
+
+def _gpu_devices() -> list[str]:
+    """The node's GPU device files (NVIDIA's, AMD's): whether it has GPUs, without
+    touching CUDA in the agent."""
+    return sorted(glob.glob("/dev/nvidia[0-9]*")) + (
+        ["/dev/kfd"] if os.path.exists("/dev/kfd") else []
+    )
 
 
 def _workers_start(

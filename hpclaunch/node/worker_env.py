@@ -9,7 +9,7 @@ reads them: the agent, the rendered script, the job folder and the worker API.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 JOB_ID = "HPCLAUNCH_JOB_ID"
@@ -95,3 +95,31 @@ def slurm_task_view(
     view = {name: str(value) for name, value in zip(SLURM_TASK_VARS, values, strict=True)}
     kept = {AGENT_PREFIX + name: agent_env[name] for name in SLURM_TASK_VARS if name in agent_env}
     return {**view, **kept}
+
+
+# accelerate's Accelerator() on a node without GPUs runs one training per rank, each on
+# its own (num_processes 1 everywhere), unless told to use the CPU: then it is one world
+# over gloo. torchrun leaves that to the user; the agent sets it where no GPU is there.
+ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
+_NO_DEVICES = ("", "-1", "NoDevFiles")
+
+
+def has_gpu(env: Mapping[str, str], gpu_devices: Sequence[str]) -> bool:
+    """Whether the job has a GPU on this node: SLURM gave it some, CUDA_VISIBLE_DEVICES
+    names some, or (neither said) the node has GPU device files (``gpu_devices``:
+    /dev/nvidia0..., /dev/kfd). Pure."""
+    gpus = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    if (gpus and gpus != "0") or env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS"):
+        return True
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return visible.strip() not in _NO_DEVICES
+    return bool(gpu_devices)
+
+
+def framework_env(env: Mapping[str, str], gpu_devices: Sequence[str]) -> dict[str, str]:
+    """What frameworks need to be distributed on this node, unless set already:
+    ACCELERATE_USE_CPU=1 where the job has no GPU (see has_gpu). Pure."""
+    if ACCELERATE_USE_CPU in env or has_gpu(env, gpu_devices):
+        return {}
+    return {ACCELERATE_USE_CPU: "1"}

@@ -70,3 +70,19 @@ def test_outside_a_slurm_task_nothing_is_added() -> None:
     view = worker_env.slurm_task_view({}, rank=0, local_rank=0, world_size=1,
                                       local_world_size=1, nodes=1, node_ranks=[0])  # fmt: skip
     assert view == {}
+
+
+def test_accelerate_is_told_to_use_the_cpu_only_where_there_is_no_gpu() -> None:
+    cpu = worker_env.framework_env
+    assert cpu({}, []) == {"ACCELERATE_USE_CPU": "1"}
+    assert cpu({"SLURM_GPUS_ON_NODE": "0", "CUDA_VISIBLE_DEVICES": ""}, []) == {
+        "ACCELERATE_USE_CPU": "1"
+    }
+    assert cpu({"CUDA_VISIBLE_DEVICES": ""}, ["/dev/nvidia0"]) == {"ACCELERATE_USE_CPU": "1"}
+    # A GPU for the job: SLURM's gres, CUDA_VISIBLE_DEVICES, or device files when unsaid.
+    assert cpu({"SLURM_GPUS_ON_NODE": "8"}, []) == {}
+    assert cpu({"SLURM_JOB_GPUS": "0,1"}, []) == {}
+    assert cpu({"CUDA_VISIBLE_DEVICES": "0,1"}, []) == {}
+    assert cpu({}, ["/dev/nvidia0"]) == {} and cpu({}, ["/dev/kfd"]) == {}
+    # The user's own setting stays.
+    assert cpu({"ACCELERATE_USE_CPU": "0"}, []) == {}
