@@ -298,11 +298,10 @@ class Executor:
                 f"folder {folder!r} (from hpclaunch.Executor) is not a path; give a str or "
                 "a pathlib.Path"
             )
-        if "%" in os.fspath(folder):
-            raise ExecutorError(
-                f"folder {os.fspath(folder)!r} (from hpclaunch.Executor) has a '%': hpclaunch "
-                "keeps one folder per job inside it by itself; give a plain folder"
-            )
+        try:
+            folder = parameters.executor_folder(os.fspath(folder))
+        except parameters.ParameterError as exc:
+            raise ExecutorError(exc.message) from None
         if cluster not in parameters.CLUSTERS:
             raise ExecutorError(
                 f"cluster {cluster!r} (from hpclaunch.Executor) is not one of "

@@ -31,6 +31,9 @@ _SUBMITIT_NAMES: Mapping[str, str] = {
     "mem_gb": "mem",
     "name": "job_name",
     "tasks_per_node": "nproc_per_node",
+    # submitit's requeues after a time-out; hpclaunch's budget counts every requeue
+    # (preemptions too), so the same number is at least as strict.
+    "max_num_timeout": "max_requeues",
 }
 
 
@@ -49,13 +52,35 @@ class Parameters:
 
 def _profile_key(name: str) -> str:
     """The profile key a parameter name stands for (raises ParameterError)."""
-    key = _SUBMITIT_NAMES.get(name, name.removeprefix("slurm_"))
+    bare = name.removeprefix("slurm_")
+    key = _SUBMITIT_NAMES.get(name) or _SUBMITIT_NAMES.get(bare, bare)
     if key in PROFILE_KEYS:
         return key
     known = [*PROFILE_KEYS, *_SUBMITIT_NAMES, "array_parallelism"]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}?" if close else f"valid names: {', '.join(known)}"
     raise ParameterError(name, f"update_parameters: unknown parameter {name!r}; {hint}")
+
+
+# submitit's patterns for one folder per job, as the last part of the folder's path.
+_PER_JOB_PATTERNS = ("%j", "%A_%a", "%A")
+
+
+def executor_folder(folder: str) -> Path:
+    """The folder an Executor keeps its files in, from what it was given: submitit's
+    ``log/%j`` (one folder per job) is ``log``, since hpclaunch keeps each job's files
+    apart inside it by itself. Raises ParameterError for any other '%' pattern. Pure."""
+    path = Path(folder)
+    if "%" not in folder:
+        return path
+    if path.name in _PER_JOB_PATTERNS and "%" not in str(path.parent):
+        return path.parent
+    raise ParameterError(
+        "folder",
+        f"folder {folder!r} (from hpclaunch.Executor) has a '%' pattern that hpclaunch does "
+        "not fill in; it keeps each job's files apart inside the folder by itself, so give "
+        "a plain folder (submitit's 'log/%j' is taken as 'log')",
+    )
 
 
 def _submitit_value(name: str, value: Any) -> Any:

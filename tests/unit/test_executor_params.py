@@ -13,6 +13,7 @@ from hpclaunch.executor.params import (
     WORKER_MODULE,
     ParameterError,
     convert,
+    executor_folder,
     job_spec,
     local_conflicts,
 )
@@ -62,6 +63,26 @@ def test_submitits_names_are_accepted_in_its_units() -> None:
     assert spec.mem == "2048M"
     assert spec.nproc_per_node == 8
     assert spec.job_name == "sweep" and spec.partition == "debug" and spec.account == "ml"
+
+
+def test_submitits_max_num_timeout_is_the_requeue_budget() -> None:
+    assert spec_of(slurm_max_num_timeout=7).max_requeues == 7
+    assert spec_of(max_num_timeout=0).max_requeues == 0
+
+
+@pytest.mark.parametrize(
+    ("given", "folder"),
+    [("log", "log"), ("log/%j", "log"), ("runs/exp1/%j", "runs/exp1"), ("%j", "."),
+     ("log/%A_%a", "log")],
+)  # fmt: skip
+def test_submitits_one_folder_per_job_is_the_folder(given: str, folder: str) -> None:
+    assert executor_folder(given) == Path(folder)
+
+
+@pytest.mark.parametrize("given", ["log_%j", "log/%j/out", "%x/%j"])
+def test_another_pattern_in_the_folder_is_refused_with_the_mapping(given: str) -> None:
+    with pytest.raises(SpecError, match="'log/%j' is taken as 'log'"):
+        executor_folder(given)
 
 
 def test_every_rank_runs_the_worker_module_on_the_folder() -> None:
