@@ -167,8 +167,9 @@ class Job(_HpclaunchLogs, _SubmititSlurmJob[R]):
             return None
 
     def stderr(self) -> str | None:
-        """SLURM writes the batch step's stderr into the same log: see ``stdout()``."""
-        return None
+        """The ranks' stderr: see ``ranks_stderr``. (SLURM writes the batch step's own
+        stderr into the log of ``stdout()``.)"""
+        return ranks_stderr(self.job_dir)
 
     def _get_outcome_and_result(self) -> tuple[str, Any]:
         deadline = time.monotonic() + RESULT_GRACE_S
@@ -186,6 +187,29 @@ class LocalJob(_HpclaunchLogs, _SubmititLocalJob[R]):
         if self.paths.result_pickle.exists():
             return super()._get_outcome_and_result()
         return self._missing_result(self.state, self.stdout())
+
+
+def ranks_stderr(job_dir: Path) -> str | None:
+    """Every rank's stderr in the job's latest attempt, rank by rank, each line prefixed
+    ``[rankR]`` as the batch log prefixes their stdout; None while no rank has run."""
+    attempts = JobFolder(job_dir).attempts()
+    if not attempts:
+        return None
+    files = {
+        _rank_of(path): path for path in attempts[-1].path.glob(f"rank-*.{RankFile.ERR.value}")
+    }
+    lines = []
+    for rank in sorted(r for r in files if r is not None):
+        text = files[rank].read_text(errors="replace")
+        lines += [f"[rank{rank}] {line}" for line in text.splitlines()]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _rank_of(path: Path) -> int | None:
+    try:
+        return int(path.name.split(".")[0].removeprefix("rank-"))
+    except ValueError:
+        return None
 
 
 def attach(job: Any, log_dir: Path, job_name: str) -> None:

@@ -74,6 +74,7 @@ def test_a_failing_function_raises_the_failing_ranks_traceback(
     assert "ValueError: rank 3 cannot go on" in message
     assert 'executor_jobs.py", line' in message  # the remote traceback, not just the message
     assert job.state == "FAILED"
+    assert "[rank3] ValueError: rank 3 cannot go on" in (job.stderr() or ""), job.stderr()
 
 
 def test_a_group_restarted_in_place_still_returns(on_sandbox: Running, tmp_path: Path) -> None:
