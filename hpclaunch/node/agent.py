@@ -35,7 +35,7 @@ from hpclaunch.node.options import (
     worker_command,
     worker_env,
 )
-from hpclaunch.node.sweep import Sweeper
+from hpclaunch.node.sweep import Sweeper, stop_signals_ignored
 from hpclaunch.node.worker_env import framework_env
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder, parse_topology
@@ -132,16 +132,17 @@ def after_run(
     from hpclaunch.recovery import deputy
 
     job_dir = job_folder(ctx, opts, env)
-    try:
-        deputy.note_end(JobFolder(job_dir), ctx.restart_count, ctx.hostname, status)
-    except OSError as exc:
-        log.warning("could not note this agent's end in %s: %s", job_dir, exc)
-    if not opts.no_kill:
-        return status
-    return deputy.after_agent(
-        status, job_id=ctx.job_id, requeue=ctx.restart_count, node=ctx.hostname,
-        job_dir=job_dir, slurm=slurm, env=env,
-    )  # fmt: skip
+    with stop_signals_ignored():  # a late one would raise here (torch's handlers stay)
+        try:
+            deputy.note_end(JobFolder(job_dir), ctx.restart_count, ctx.hostname, status)
+        except OSError as exc:
+            log.warning("could not note this agent's end in %s: %s", job_dir, exc)
+        if not opts.no_kill:
+            return status
+        return deputy.after_agent(
+            status, job_id=ctx.job_id, requeue=ctx.restart_count, node=ctx.hostname,
+            job_dir=job_dir, slurm=slurm, env=env,
+        )  # fmt: skip
 
 
 def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
@@ -304,21 +305,16 @@ def _workers_start(
 
 def _recorder(ctx: NodeContext, job: Path, logs: RankLogs) -> OnFailure:
     """The agent's ``on_failure``: a failure record of each failed attempt in ``job``;
-    True (restart no more) when every node's workers failed with one error of their
-    own (hpclaunch.node.failfast)."""
+    returns the one error every worker of this node failed with by itself, if so
+    (hpclaunch.node.failfast)."""
     from hpclaunch.node import failfast
 
-    def record(result: RunResult, attempt: int, nodes: int) -> bool:
+    def record(result: RunResult, attempt: int) -> str | None:
         failed = _failures(result.failures, logs.folder)
         mine = failures.record_of(ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed)
         path = failures.write(job, mine)
         log.info("attempt %d failed; record in %s", attempt, path)
-        bug = failfast.everywhere(job, ctx.restart_count, attempt, mine, nodes)
-        if bug is not None:
-            log.error("every worker of attempt %d failed with the same error (%s): a bug in "
-                      "the script, which restarting would not mend; not restarting", attempt,
-                      bug)  # fmt: skip
-        return bug is not None
+        return failfast.own_error(mine.workers)
 
     return record
 

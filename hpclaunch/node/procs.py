@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -123,6 +124,31 @@ def in_slurm_step() -> bool:
         return Path(f"/proc/{os.getppid()}/comm").read_text().strip() == "slurmstepd"
     except OSError:
         return False
+
+
+# The proctrack plugins that signal every process of a step (cgroup: the step's cgroup;
+# linuxproc: the task's whole process tree). proctrack/pgid signals the task's process
+# group only, which workers in sessions of their own are not in.
+WHOLE_STEP_PROCTRACK = ("proctrack/cgroup", "proctrack/linuxproc")
+_proctrack: list[str] = []
+
+
+def slurm_signals_step() -> bool:
+    """Whether a signal SLURM sends this step reaches every process of it, this one's
+    children included: a task of a step (in_slurm_step) under a proctrack plugin that
+    signals the whole step. Asks ``scontrol show config`` once; False when it cannot."""
+    if not in_slurm_step():
+        return False
+    if not _proctrack:
+        try:
+            out = subprocess.run(["scontrol", "show", "config"], capture_output=True,
+                                 text=True, timeout=10, check=True).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        found = [line.split("=", 1)[1].strip() for line in out.splitlines()
+                 if line.split("=", 1)[0].strip() == "ProctrackType"]  # fmt: skip
+        _proctrack.append(found[0] if found else "")
+    return _proctrack[0] in WHOLE_STEP_PROCTRACK
 
 
 def group_alive(pgid: int) -> bool:

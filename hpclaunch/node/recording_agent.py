@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from string import Template
 from typing import Any, cast
 
@@ -32,7 +33,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
-from hpclaunch.node import procs
+from hpclaunch.node import failfast, procs
 from hpclaunch.node.sweep import Sweeper
 from hpclaunch.node.worker_env import slurm_task_view
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
@@ -50,9 +51,9 @@ SIGNALS_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 StartProcesses = Callable[..., PContext]
 # Called with the attempt's number: hpclaunch's part of that attempt's worker environment.
 WorkerEnv = Callable[[int], Mapping[str, str]]
-# Called with the failed attempt's result, the attempt's number and the number of nodes
-# in its round; True: restart no more (a bug in the script, see hpclaunch.node.failfast).
-OnFailure = Callable[[RunResult, int, int], bool]
+# Called with the failed attempt's result and the attempt's number; returns the one error
+# every worker of the node failed with by itself, if so (hpclaunch.node.failfast).
+OnFailure = Callable[[RunResult, int], str | None]
 # After a worker failed, how long the node's other workers get to fail by themselves
 # before they are stopped: a bug fails every worker at about the same point.
 SETTLE_S = 0.5
@@ -92,13 +93,37 @@ class RecordingAgent(LocalElasticAgent):
         result: RunResult = super()._monitor_workers(worker_group)
         if result.is_failed() and self._on_failure is not None:
             try:
-                final = self._on_failure(result, self.attempt, worker_group.group_world_size or 1)
+                error = self._on_failure(result, self.attempt)
+            except SignalException:
+                raise  # a stop: torch's run() must see it
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
-                final = False
-            if final:
+                error = None
+            restarts_left = error is not None and self._remaining_restarts > 0
+            if restarts_left and self._same_everywhere(worker_group, str(error)):
+                log.error("every worker of attempt %d failed with the same error (%s): a bug "
+                          "in the script, which restarting would not mend; not restarting",
+                          self.attempt, error)  # fmt: skip
                 self._remaining_restarts = 0
         return result
+
+    def _same_everywhere(self, group: WorkerGroup, error: str) -> bool:
+        """Whether every node's workers failed with ``error`` in this attempt: each node
+        that can say so puts it into the rendezvous store (hpclaunch.node.failfast)."""
+        nodes = group.group_world_size or 1
+        world = group.workers[0].world_size if group.workers else 0
+        if group.store is None or group.group_rank is None or (world or 0) < 2:
+            return False
+        keys = [failfast.key(self.attempt, node) for node in range(nodes)]
+        try:
+            group.store.set(keys[group.group_rank], error.encode())
+            group.store.wait(keys, timedelta(seconds=failfast.PEERS_WAIT_S))
+            put = group.store.multi_get(keys)
+        except SignalException:
+            raise
+        except Exception:  # not every node put one in time: restart, as before
+            return False
+        return failfast.everywhere(error, put)
 
     def _settle(self) -> None:
         """When a worker has failed, give the others SETTLE_S seconds to end by
@@ -143,13 +168,21 @@ class RecordingAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.SUCCEEDED)
         return result
 
+    def _invoke_run(self, role: str = "default") -> RunResult:
+        try:
+            result: RunResult = super()._invoke_run(role)
+        except SignalException as exc:  # ours or torch's handler (during the start)
+            _received.append(exc.sigval)
+            raise
+        return result
+
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         """Stop the workers, as torch does; but a stop signal that SLURM sent to every
         process of the step (the agent is a task of a job step: scancel, a requeue, a
         preemption, srun passing the supervisor's signals on) is not sent again. The
         workers got it once, as every framework's handler expects; they get ``timeout``
         seconds to end, and what is left is killed."""
-        if death_sig in _received and self._pcontext is not None and procs.in_slurm_step():
+        if death_sig in _received and self._pcontext is not None and procs.slurm_signals_step():
             if not self._workers_ended(timeout):
                 log.warning("workers still running %d s after %s; sending SIGKILL", timeout,
                             death_sig.name)  # fmt: skip
@@ -249,7 +282,8 @@ class RecordingAgent(LocalElasticAgent):
             env.update(slurm_task_view(
                 os.environ, rank=worker.global_rank, local_rank=local_rank,
                 world_size=worker.world_size or 0, local_world_size=spec.local_world_size,
-                nodes=worker_group.group_world_size or 1, node_ranks=node_ranks,
+                node_rank=worker_group.group_rank or 0, nodes=worker_group.group_world_size or 1,
+                node_ranks=node_ranks,
             ))  # fmt: skip
             if "OMP_NUM_THREADS" in os.environ:
                 env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]

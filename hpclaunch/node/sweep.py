@@ -221,9 +221,10 @@ def _wait_exit(targets: list[_Target], timeout_s: float) -> list[_Target]:
 
 
 @contextlib.contextmanager
-def _stop_signals_ignored() -> Iterator[None]:
-    """The agent's last sweep runs to its end: the agent is ending already, and torch's
-    handlers of a stop signal raise, which would cut the sweep short."""
+def stop_signals_ignored() -> Iterator[None]:
+    """What the agent does last runs to its end (the last sweep, its note for the
+    supervisor): the agent is ending already, and torch's handlers of a stop signal
+    raise, which would cut it short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -266,7 +267,7 @@ class Sweeper:
         ``owned`` (see ``reap``). ``final``: the agent's last sweep, which a stop signal
         does not interrupt (else the signal's handler runs after it). Returns how many
         processes were found."""
-        with _stop_signals_ignored() if final else signals_deferred():
+        with stop_signals_ignored() if final else signals_deferred():
             return self._sweep(when, owned)
 
     def _sweep(self, when: str, owned: Collection[int]) -> int:

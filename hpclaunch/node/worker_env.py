@@ -75,23 +75,27 @@ AGENT_PREFIX = "HPCLAUNCH_AGENT_"
 SLURM_TASK_VARS = (
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS",
     "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_GTIDS",
+    "SLURM_NODEID", "SLURM_NNODES", "SLURM_STEP_NUM_NODES",
 )  # fmt: skip
 
 
 def slurm_task_view(
     agent_env: Mapping[str, str], *, rank: int, local_rank: int, world_size: int,
-    local_world_size: int, nodes: int, node_ranks: list[int],
+    local_world_size: int, node_rank: int, nodes: int, node_ranks: list[int],
 ) -> dict[str, str]:  # fmt: skip
     """The SLURM task variables of one worker: what srun would have set had it started
     every worker as a task (``rank`` of ``world_size``, ``local_rank`` of
-    ``local_world_size`` on each of ``nodes`` nodes; this node's ranks ``node_ranks``),
-    and the agent's own values of them under AGENT_PREFIX. None outside a SLURM task
-    (no SLURM_PROCID in ``agent_env``)."""
+    ``local_world_size`` on node ``node_rank`` of the round's ``nodes``; this node's ranks
+    ``node_ranks``), and the agent's own values of them under AGENT_PREFIX. The node's
+    rank and count are the round's, as GROUP_RANK says: they differ from SLURM's with
+    --rank-order topology, spare nodes or a lost node. None outside a SLURM task (no
+    SLURM_PROCID in ``agent_env``)."""
     if "SLURM_PROCID" not in agent_env:
         return {}
     per_node = f"{local_world_size}(x{nodes})" if nodes > 1 else str(local_world_size)
     values = (rank, local_rank, world_size, world_size, world_size, local_world_size,
-              per_node, per_node, ",".join(str(r) for r in node_ranks))  # fmt: skip
+              per_node, per_node, ",".join(str(r) for r in node_ranks), node_rank, nodes,
+              nodes)  # fmt: skip
     view = {name: str(value) for name, value in zip(SLURM_TASK_VARS, values, strict=True)}
     kept = {AGENT_PREFIX + name: agent_env[name] for name in SLURM_TASK_VARS if name in agent_env}
     return {**view, **kept}

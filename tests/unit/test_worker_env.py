@@ -54,12 +54,13 @@ def test_a_worker_sees_slurm_task_variables_of_its_own() -> None:
     agent = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
              "SLURM_NODEID": "1", "SLURM_GTIDS": "1"}  # fmt: skip
     view = worker_env.slurm_task_view(agent, rank=3, local_rank=1, world_size=4,
-                                      local_world_size=2, nodes=2, node_ranks=[2, 3])  # fmt: skip
+                                      local_world_size=2, node_rank=1, nodes=2,
+                                      node_ranks=[2, 3])  # fmt: skip
     assert view["SLURM_PROCID"] == "3" and view["SLURM_LOCALID"] == "1"
     assert view["SLURM_NTASKS"] == view["SLURM_NPROCS"] == view["SLURM_STEP_NUM_TASKS"] == "4"
     assert view["SLURM_NTASKS_PER_NODE"] == "2" and view["SLURM_TASKS_PER_NODE"] == "2(x2)"
     assert view["SLURM_GTIDS"] == "2,3"
-    assert "SLURM_NODEID" not in view  # the node's, and the worker's too
+    assert view["SLURM_NODEID"] == "1" and view["SLURM_NNODES"] == "2"  # the round's
     # The agent's own values, kept under the prefix (only those SLURM set).
     assert view["HPCLAUNCH_AGENT_SLURM_PROCID"] == "1"
     assert view["HPCLAUNCH_AGENT_SLURM_NTASKS"] == "2"
@@ -68,7 +69,8 @@ def test_a_worker_sees_slurm_task_variables_of_its_own() -> None:
 
 def test_outside_a_slurm_task_nothing_is_added() -> None:
     view = worker_env.slurm_task_view({}, rank=0, local_rank=0, world_size=1,
-                                      local_world_size=1, nodes=1, node_ranks=[0])  # fmt: skip
+                                      local_world_size=1, node_rank=0, nodes=1,
+                                      node_ranks=[0])  # fmt: skip
     assert view == {}
 
 
