@@ -10,6 +10,7 @@ with the SLURM state and the end of the batch log.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from pathlib import Path
 from typing import Any, TypeVar
@@ -115,6 +116,17 @@ class _HpclaunchLogs:
             if path.exists():
                 return path
         return None
+
+    def results(self) -> list[Any]:
+        """Every rank's return value, in global rank order, as submitit gives one per
+        task; ``result()`` stays global rank 0's. Raises what ``result()`` raises."""
+        first: list[Any] = super().results()  # type: ignore[misc]  # waits; raises on failure
+        try:
+            raw = ExecutorFolder(self._folder()).every_result(self.job_id).read_bytes()
+        except FileNotFoundError:  # a job from before this file existed
+            return first
+        values: list[Any] = pickle.loads(raw)
+        return values
 
     def root_cause(self) -> str | None:
         """The root-cause block of the job's last failed run, if any."""

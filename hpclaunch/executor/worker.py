@@ -133,11 +133,16 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
             log.info("rank %d: returned after a stop signal; no result", rank)
             return 0
         finished = ExecutorFolder(folder).finished(job_id, environ)
+        finished.mkdir(parents=True, exist_ok=True)
+        record(_dump_value)(finished / f"value-{rank}.pkl", result, rank)
         _mark_finished(finished, rank)
         if rank == 0:
-            if not _all_finished(finished, int(environ["WORLD_SIZE"])):
+            world = int(environ["WORLD_SIZE"])
+            if not _all_finished(finished, world):
                 log.info("rank 0: stopped while waiting for the other ranks; no result")
                 return 0
+            values = [(finished / f"value-{r}.pkl").read_bytes() for r in range(world)]
+            _write_bytes(ExecutorFolder(folder).every_result(job_id), _pickled_list(values))
             # The markers go first: once the result is there, the job is done.
             shutil.rmtree(ExecutorFolder(folder).finished_root(job_id), ignore_errors=True)
             record(_dump_result)(paths.result_pickle, result)
@@ -149,7 +154,7 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
 
 
 def _mark_finished(finished: Path, rank: int) -> None:
-    finished.mkdir(parents=True, exist_ok=True)
+    """This rank's call returned, and its value is in ``finished``."""
     (finished / f"rank-{rank}").touch()
 
 
@@ -164,6 +169,33 @@ def _all_finished(finished: Path, world_size: int) -> bool:
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
     return True
+
+
+def _dump_value(path: Path, value: Any, rank: int) -> None:
+    """This rank's return value, for ``job.results()``. Raises TypeError naming the rank
+    when it cannot be pickled (submitit's tasks pickle theirs too)."""
+    import cloudpickle
+
+    try:
+        raw = cloudpickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(
+            f"rank {rank}'s return value (a {type(value).__name__}) cannot be pickled: {exc}; "
+            "return plain data (numbers, strings, lists, dicts, tensors) and save the rest "
+            "to files"
+        ) from exc
+    _write_bytes(path, raw)
+
+
+def _pickled_list(values: list[bytes]) -> bytes:
+    """The list of the values pickled in ``values``, pickled."""
+    import cloudpickle
+
+    return bytes(cloudpickle.dumps([cloudpickle.loads(raw) for raw in values]))
+
+
+def _write_bytes(path: Path, raw: bytes) -> None:
+    checkpoint.write_atomic(path, lambda handle: handle.write(raw), replace=True)
 
 
 def _dump_result(path: Path, result: Any) -> None:

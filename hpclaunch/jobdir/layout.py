@@ -28,6 +28,7 @@ rank. No run overwrites another's files.
 An ``hpclaunch.Executor``'s own folder (submitit's, keyed by submitit's job id)::
 
     JOBID_hpclaunch.json                      which SLURM job and job folder ran it
+    JOBID_every_result.pkl                    every rank's return value (job.results())
     .JOBID_finished/Q-S-A/                    the ranks of one run that returned
 """
 
@@ -232,6 +233,11 @@ class ExecutorFolder:
 
     def finished_root(self, job_id: str) -> Path:
         return self.root / f".{job_id}_finished"
+
+    def every_result(self, job_id: str) -> Path:
+        """Every rank's return value, in rank order (``job.results()``); rank 0's alone
+        is submitit's result pickle (``job.result()``)."""
+        return self.root / f"{job_id}_every_result.pkl"
 
     def finished(self, job_id: str, environ: Mapping[str, str]) -> Path:
         """Where the ranks of one run of the worker group note that their call returned:

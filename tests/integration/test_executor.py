@@ -53,6 +53,8 @@ def test_a_two_node_function_job_returns_rank_zeros_value(
     assert result["rank"] == 0 and result["world_size"] == 4 and result["local_world_size"] == 2
     assert result["sum"] == 0 + 1 + 2 + 3 + 4 * 10.0
     assert len(set(result["hosts"])) == 2, result["hosts"]  # two ranks on each of two nodes
+    every = job.results()  # every rank's value, in rank order, as submitit's tasks give
+    assert [r["rank"] for r in every] == [0, 1, 2, 3] and every[0] == result, every
     # The result is there before SLURM has closed the job.
     wait_for(lambda: job.get_info(mode="force").get("State") == "COMPLETED", timeout_s=60,
              what="the job's end")  # fmt: skip

@@ -50,7 +50,8 @@ class Slow(submitit.helpers.Checkpointable):
                 "requeue": int(os.environ["HPCLAUNCH_REQUEUE_COUNT"])}
 
 ex = hpclaunch.Executor(sys.argv[1], cluster="local", nproc_per_node=2, max_restarts=0)
-out = {"result": ex.submit(work, 0.5).result()}
+job = ex.submit(work, 0.5)
+out = {"result": job.result(), "results": job.results()}
 try:
     ex.submit(broken).result()
 except Exception as exc:
@@ -80,6 +81,8 @@ def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
     out = json.loads(done.stdout.splitlines()[-1])
     result = out["result"]
     assert result["rank"] == 0 and result["world_size"] == 2 and result["sum"] == 0 + 1 + 2 * 0.5
+    # Every rank's value, in rank order, as submitit gives one per task.
+    assert [r["rank"] for r in out["results"]] == [0, 1] and out["results"][0] == result
     assert Path(result["job_dir"]).parent == tmp_path / "jobs"
     kind, message = out["error"]
     assert kind == "FailedJobError"
