@@ -188,11 +188,15 @@ class Sandbox:
             daemons.kill_node(lay, node.name, current.procs.get(node.name))
         for name in reversed(state.CONTROL_DAEMONS):
             daemons.stop(current.procs.get(name))
+        # Until slurmctld was gone, it could still reach a node's slurmd with a request
+        # that slurmd forks to serve: once in CI a fork outlived its node's kill.
+        stragglers = daemons.kill_stragglers(lay)
         if lay.mode is Mode.NETNS:
             net.destroy(lay)
         self._reap()
         left = net.leftovers(lay) if lay.mode is Mode.NETNS else []
         left += [f"{name} (pid {t.pid})" for name, t in current.procs.items() if t.alive()]
+        left += [f"a process of the sandbox's nodes (pid {pid})" for pid in stragglers]
         if not left:
             self.state_file.unlink(missing_ok=True)
             for sub in _OWN_DIRS:

@@ -216,6 +216,21 @@ def kill_node(lay: Layout, name: str, tracked: Tracked | None) -> None:
         procs.wait_gone([reaper.pid], timeout_s=5)
 
 
+def kill_stragglers(lay: Layout, passes: int = 5) -> list[int]:
+    """SIGKILL what still carries a node's marker once every node and daemon has been
+    stopped; returns the pids that outlived every pass (none, normally)."""
+    markers = [node_marker(lay, node.name).encode() for node in lay.nodes]
+    left: list[int] = []
+    for _ in range(passes):
+        table = procs.parents()
+        left = sorted({pid for marker in markers for pid in procs.with_environ(marker, table)})
+        if not left:
+            break
+        procs.kill(left, signal.SIGKILL)
+        left = procs.wait_gone(left, timeout_s=5)
+    return left
+
+
 def stop(tracked: Tracked | None) -> None:
     """SIGTERM a daemon, SIGKILL it if it is still there after 5 s."""
     if tracked is None or not tracked.alive():
