@@ -161,3 +161,24 @@ def timed_out(message: str) -> bool:
     """Whether ``message`` is a collective's (or the store's) timeout: the rank waited
     for a peer that never answered, the mark of a hang elsewhere."""
     return bool(_TIMED_OUT.search(message))
+
+
+# Errors of frameworks that a launch like hpclaunch's (or torchrun's) causes, with what
+# the user sets to mend them: (what the traceback says, the fix).
+_KNOWN_FIXES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        # Lightning's default Trainer() counts one device on one node.
+        re.compile(r"You set `devices=\d+` and `num_nodes=\d+` in Lightning, but the product"),
+        "Lightning's Trainer must be told the job's size: Trainer(**hpclaunch.frameworks."
+        "lightning.trainer_args(), ...), or devices=<workers per node>, num_nodes=<nodes> "
+        "(docs/bring-your-script.md, From Lightning)",
+    ),
+)
+
+
+def known_fix(traceback: str) -> str | None:
+    """What to change for a framework error that comes from how the job is launched."""
+    for pattern, fix in _KNOWN_FIXES:
+        if pattern.search(traceback):
+            return fix
+    return None

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hpclaunch.jobdir.errortext import known_fix
+
 TRACEBACK_START = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES = 60
 TAIL_LINES = 20
@@ -113,6 +115,9 @@ def root_cause_block(
             "  traceback : none recorded (decorate the entry function with torch's @record, "
             "or see the rank's stderr)"
         )
+    fix = known_fix(text) if text else None
+    if fix is not None:
+        lines.append(f"  fix       : {fix}")
     for other in ordered[1:]:
         lines.append(
             f"  then      : rank {other.rank} (local rank {other.local_rank}), "

@@ -109,3 +109,22 @@ def test_root_cause_is_the_rank_that_ended_first_within_the_same_second(tmp_path
     os.utime(then, ns=(1_000_050_000_000, 1_000_050_000_000))  # now rank 2 was first
     block = root_cause_block(failures, job_id=5, host="n2", node_rank=1, command=("app",))
     assert "root cause: rank 2 (local rank 0, pid 41)" in block
+
+
+def test_root_cause_of_lightnings_default_trainer_says_what_to_set(tmp_path: Path) -> None:
+    """Lightning's Trainer() counts one device on one node and refuses the launch; the
+    block names the fix (its message alone blames the user's devices and num_nodes)."""
+    stderr = tmp_path / "rank-0.err"
+    stderr.write_text(
+        "[rank0]: Traceback (most recent call last):\n"
+        "[rank0]: ValueError: You set `devices=1` and `num_nodes=1` in Lightning, but the product"
+        " (1 * 1) does not match the world size (4).\n"
+    )
+    block = root_cause_block([Failure(0, 0, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
+                             node_rank=0, command=("train.py",))  # fmt: skip
+    assert "  fix       : Lightning's Trainer must be told the job's size: Trainer(**hpclaunch." \
+        "frameworks.lightning.trainer_args(), ...)" in block  # fmt: skip
+    stderr.write_text("[rank0]: ValueError: bad batch\n")  # any other error: no fix line
+    block = root_cause_block([Failure(0, 0, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
+                             node_rank=0, command=("train.py",))  # fmt: skip
+    assert "fix       :" not in block
