@@ -1,16 +1,23 @@
-"""Frameworks people already run, unchanged, on the sandbox: accelerate's plain
-``Accelerator()`` on CPU nodes is one world over gloo (the agent sets
-ACCELERATE_USE_CPU=1 where the job has no GPU), not four trainings of their own."""
+"""Frameworks people already run, on the sandbox. accelerate's plain ``Accelerator()``
+on CPU nodes is one world over gloo (the agent sets ACCELERATE_USE_CPU=1 where the job
+has no GPU), not four trainings of their own. Lightning DDP with hpclaunch's
+``StopCheckpoint`` saves at a step boundary and resumes exactly from each stop, and its
+default ``Trainer()`` fails once, with the fix in the root-cause block."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
 
+from hpclaunch.sandbox.cluster import NodeAction
+from hpclaunch.slurm.hostlist import expand
+from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import submit
+from tests.integration.training_jobs import Job, submit
 
 pytestmark = pytest.mark.integration
 
@@ -31,3 +38,90 @@ def test_accelerate_on_cpu_nodes_trains_one_model_in_one_world(
         assert worker["num_processes"] == 4 and worker["process_index"] == rank, worker
         assert worker["distributed_type"] == "DistributedType.MULTI_CPU", worker
     assert len({worker["digest"] for worker in seen.values()}) == 1, seen
+
+
+LIGHTNING = Path(__file__).with_name("lightning_train.py")
+# What each interruption leaves in the history of the run it stopped.
+STOPPED = {
+    "scontrol requeue": ("requeued by SLURM", "SLURM requeues"),
+    "time-limit warning": ("time limit", "requeue"),
+    "a lost node": ("requeued by SLURM", "SLURM requeues"),
+}
+
+
+@pytest.fixture(scope="module")
+def lightning_uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The digest of the Lightning job that nothing interrupts: 4 epochs, 32 steps."""
+    pytest.importorskip("lightning")  # the test tier installs it (.[frameworks])
+    folder = tmp_path_factory.mktemp("lightning-uninterrupted")
+    job = submit(sandbox, folder, LIGHTNING, str(folder))
+    assert job.wait_end() == "COMPLETED", job.log
+    [result] = job.lines("RESULT")
+    assert (result["steps"], result["world_size"]) == (32, 4), job.log
+    return str(result["digest"])
+
+
+def lightning_saved(job: Job) -> list[int]:
+    """The steps of the StopCheckpoint checkpoints committed so far."""
+    try:
+        names = os.listdir(job.checkpoints / "lightning")
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_SAVED.match, names) if m)
+
+
+_SAVED = re.compile(r"^step-(\d{12})\.ckpt$")
+
+
+@pytest.mark.parametrize("how", list(STOPPED))
+def test_a_stopped_lightning_job_saves_requeues_once_and_resumes_exactly(
+    sandbox: Running, tmp_path: Path, lightning_uninterrupted: str, how: str
+) -> None:
+    """Lightning DDP 2 x 2 with StopCheckpoint: each stop ends COMPLETED with every
+    epoch done and the uninterrupted digest, resumed from Lightning's checkpoint, after
+    one requeue; each worker got the stop signal once (its handler ran once)."""
+    job = submit(sandbox, tmp_path, LIGHTNING, str(tmp_path), "0.3")
+    wait_for(lambda: any(s >= 10 for s in lightning_saved(job)), timeout_s=120,
+             what=f"job {job.id}'s Lightning checkpoint of step 10")  # fmt: skip
+    if how == "a lost node":
+        lost = expand(job.fields()["NodeList"])[1]  # not the node of the batch step
+        try:
+            sandbox.box.kill_node(lost)
+            sandbox.box.set_node_state(lost, NodeAction.DOWN, "test: node lost")
+            assert job.wait_end() == "COMPLETED", job.log
+        finally:
+            sandbox.box.start_node(lost)
+    else:
+        stop = {
+            "scontrol requeue": ("scontrol", "requeue", str(job.id)),
+            "time-limit warning": ("scancel", "--signal=USR1", "--batch", str(job.id)),
+        }[how]
+        job.run(*stop)
+        assert job.wait_end() == "COMPLETED", job.log
+        sig = "SIGTERM" if how == "scontrol requeue" else "SIGUSR1"
+        for rank in range(4):
+            notes = tmp_path / f"requeue-0-rank-{rank}.txt"
+            assert notes.read_text().split() == [sig], (rank, job.log)
+        assert "hpclaunch: stopping at step" in job.log, job.log
+    [result] = job.lines("RESULT")
+    assert (result["digest"], result["steps"]) == (lightning_uninterrupted, 32), job.log
+    starts = job.lines("START")
+    assert [s["requeue"] for s in starts] == ["0", "1"], job.log
+    assert int(str(starts[1]["step"])) >= 10  # resumed from Lightning's checkpoint
+    assert job.fields()["Restarts"] == "1"
+    assert job.history() == [(0, *STOPPED[how]), (1, "completed", "none")]
+    assert "sending SIGKILL" not in job.log  # no worker outlived the stop
+
+
+def test_lightnings_default_trainer_fails_once_and_says_what_to_set(
+    sandbox: Running, tmp_path: Path
+) -> None:
+    """Trainer() counts one device on one node and refuses 4 ranks, on every rank: one
+    attempt (the same error everywhere), FAILED, one root-cause block naming the fix."""
+    pytest.importorskip("lightning")
+    job = submit(sandbox, tmp_path, LIGHTNING, str(tmp_path), "default-trainer")
+    assert job.wait_end() == "FAILED", job.log
+    assert job.history() == [(0, "the same error on every node", "none")], job.log
+    assert job.log.count("root cause: rank") == 1, job.log
+    assert "does not match the world size (4)" in job.log
+    assert "  fix       : Lightning's Trainer must be told the job's size" in job.log

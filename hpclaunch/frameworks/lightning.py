@@ -1,0 +1,157 @@
+"""PyTorch Lightning under hpclaunch: the Trainer's size from the job, and a callback
+that saves a checkpoint at a step boundary when the job is being stopped::
+
+    import lightning as L
+    from hpclaunch.frameworks import lightning as hl
+
+    trainer = L.Trainer(**hl.trainer_args(), max_epochs=10,
+                        callbacks=[hl.StopCheckpoint(every_n_steps=100)])
+    trainer.fit(model, datamodule=data, ckpt_path=hl.resume_path())
+
+Why each part is needed:
+
+- ``trainer_args()``: Lightning's default ``Trainer()`` takes one device and one node,
+  and refuses a launch of more ranks than that ("does not match the world size"). The
+  agent knows both numbers (``LOCAL_WORLD_SIZE`` workers on each of
+  ``WORLD_SIZE / LOCAL_WORLD_SIZE`` nodes).
+- ``StopCheckpoint``: under hpclaunch Lightning picks torch's elastic environment, in
+  which it does not catch the time-limit warning (SIGUSR1 kills the worker with
+  nothing saved), and on SIGTERM it runs a collective inside its signal handler and
+  stops without saving. The callback takes SIGTERM, SIGUSR1 and SIGUSR2 over (a flag,
+  as ``hpclaunch.checkpoint.Preemption``), and at the end of each training batch every
+  rank learns whether any rank got one; if so every rank saves Lightning's checkpoint
+  and the run stops, the job is requeued, and ``resume_path()`` gives
+  ``fit(ckpt_path=...)`` the newest checkpoint. With ``every_n_steps`` it also saves
+  every that many optimizer steps, for the faults that give no warning (a lost node).
+- Checkpoints go to ``$HPCLAUNCH_CHECKPOINT_DIR/lightning/step-NNNNNNNNNNNN.ckpt``, each
+  committed by one rename once written (a killed save leaves only a ``.tmp``), so
+  ``resume_path()`` never returns a half-written one; ``hpclaunch status`` shows them.
+
+Lightning resumes mid-epoch exactly only with a resumable dataloader (one with
+``state_dict``/``load_state_dict``, such as torchdata's ``StatefulDataLoader``);
+with a plain ``DataLoader`` it warns, and the rest of that epoch sees the epoch's first
+batches again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from hpclaunch.checkpoint import store
+from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption
+from hpclaunch.jobdir.atomic import fsync_folder
+
+SUBFOLDER = "lightning"  # of the job's checkpoint folder
+_NAME = re.compile(r"^step-(\d{12})\.ckpt$")
+
+
+def trainer_args(env: dict[str, str] | None = None) -> dict[str, int]:
+    """``num_nodes`` and ``devices`` for ``Trainer(...)``, from the agent's launch."""
+    env = dict(os.environ if env is None else env)
+    try:
+        world, local = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise RuntimeError(
+            "trainer_args() reads WORLD_SIZE and LOCAL_WORLD_SIZE, which the hpclaunch agent "
+            f"(or torchrun) sets for each worker; here they are WORLD_SIZE="
+            f"{env.get('WORLD_SIZE')!r}, LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')!r}. "
+            "Run the script through hpclaunch sbatch, or pass num_nodes and devices yourself"
+        ) from None
+    if local < 1 or world % local:
+        raise RuntimeError(
+            f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local}: Lightning needs "
+            "the same number of workers on every node (hpclaunch sbatch --nproc-per-node)"
+        )
+    return {"num_nodes": world // local, "devices": local}
+
+
+def folder(dirpath: str | os.PathLike[str] | None = None) -> Path:
+    """Where the callback's checkpoints go: ``dirpath``, else the job's checkpoint
+    folder's ``lightning/`` (created if missing)."""
+    if dirpath is not None:
+        return store.directory(dirpath)
+    return store.directory(store.directory() / SUBFOLDER)
+
+
+def committed(dirpath: str | os.PathLike[str] | None = None) -> list[tuple[int, Path]]:
+    """The committed checkpoints in the callback's folder: (global step, path), oldest first."""
+    root = folder(dirpath)
+    found = [(int(m.group(1)), root / m.group(0)) for m in map(_NAME.match, os.listdir(root)) if m]
+    return sorted(found)
+
+
+def resume_path(dirpath: str | os.PathLike[str] | None = None) -> str | None:
+    """The newest committed checkpoint for ``fit(ckpt_path=...)``; None on a fresh start."""
+    found = committed(dirpath)
+    return str(found[-1][1]) if found else None
+
+
+class StopCheckpoint(pl.Callback):
+    """Saves Lightning's checkpoint on every rank at a step boundary when the job is
+    being stopped (SIGTERM, SIGUSR1, SIGUSR2), then stops the run, which the job's
+    supervisor requeues; and every ``every_n_steps`` optimizer steps, when given.
+    Keeps the newest ``keep_last`` of its checkpoints."""
+
+    def __init__(
+        self,
+        every_n_steps: int | None = None,
+        dirpath: str | os.PathLike[str] | None = None,
+        keep_last: int = 2,
+    ) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be at least 1 or None, not {every_n_steps}")
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, not {keep_last}")
+        self.every_n_steps, self.keep_last = every_n_steps, keep_last
+        self._dirpath = dirpath
+        self._flag = Preemption()
+        self._saved_step = -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After Lightning installed its own handlers (Trainer._run does that before the
+        # loops start): its SIGTERM handler runs a collective inside the handler, which
+        # blocks when ranks are elsewhere; Lightning restores what it found at the end.
+        self._flag = Preemption.install(STOP_SIGNALS)
+        self._saved_step = trainer.global_step  # loaded from a checkpoint, or 0
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        stopping = self._flag.should_stop()  # a collective: every rank, every batch
+        step = trainer.global_step
+        due = self.every_n_steps is not None and step % self.every_n_steps == 0
+        if (stopping or due) and step != self._saved_step:
+            self.save(trainer)
+        if stopping:
+            sig = self._flag.signal
+            rank_zero_info(
+                f"hpclaunch: stopping at step {step} on "
+                f"{sig.name if sig is not None else 'another rank signal'}; saved"
+            )
+            raise SIGTERMException  # ends fit() on every rank; the job is requeued
+
+    def save(self, trainer: pl.Trainer) -> Path:
+        """Save Lightning's checkpoint of this step on every rank (a collective), and
+        commit it by one rename; returns its path."""
+        root = folder(self._dirpath)
+        final = root / f"step-{trainer.global_step:012d}.ckpt"
+        partial = root / f"{final.name}.tmp"
+        trainer.save_checkpoint(partial, weights_only=False)  # rank 0 writes; then a barrier
+        if trainer.is_global_zero:
+            with open(partial, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(partial, final)
+            fsync_folder(root)
+            for _step, old in committed(root)[: -self.keep_last]:
+                old.unlink(missing_ok=True)
+        trainer.strategy.barrier("hpclaunch.StopCheckpoint.save")
+        self._saved_step = trainer.global_step
+        return final

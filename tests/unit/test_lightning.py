@@ -1,0 +1,56 @@
+"""hpclaunch.frameworks.lightning's pure parts: the Trainer's size from the launch's
+variables, and which of the callback's files count as committed checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.frameworks import lightning as hl
+
+
+def test_trainer_args_are_the_launchs_nodes_and_workers_per_node() -> None:
+    assert hl.trainer_args({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2"}) == {
+        "num_nodes": 4,
+        "devices": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({}, "WORLD_SIZE=None, LOCAL_WORLD_SIZE=None. Run the script through hpclaunch sbatch"),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE='x'"),
+        ({"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4"}, "WORLD_SIZE=6 is not a multiple of"),
+    ],
+)
+def test_trainer_args_outside_a_launch_name_the_values_and_the_fix(
+    env: dict[str, str], says: str
+) -> None:
+    with pytest.raises(RuntimeError, match=says.replace("(", r"\(").replace(".", r"\.")):
+        hl.trainer_args(env)
+
+
+def test_resume_path_is_the_newest_committed_checkpoint(tmp_path: Path) -> None:
+    assert hl.resume_path(tmp_path) is None
+    for name in ("step-000000000005.ckpt", "step-000000000040.ckpt", "step-000000000010.ckpt",
+                 "step-000000000050.ckpt.tmp", "last.ckpt", "step-7.ckpt"):  # fmt: skip
+        (tmp_path / name).write_bytes(b"")
+    assert hl.resume_path(tmp_path) == str(tmp_path / "step-000000000040.ckpt")
+    assert [step for step, _ in hl.committed(tmp_path)] == [5, 10, 40]
+
+
+def test_resume_path_outside_a_job_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPCLAUNCH_CHECKPOINT_DIR", raising=False)
+    with pytest.raises(hl.store.CheckpointError, match="HPCLAUNCH_CHECKPOINT_DIR is not set"):
+        hl.resume_path()
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"every_n_steps": 0}, "every_n_steps must be at least 1 or None, not 0"),
+    ({"keep_last": 0}, "keep_last must be at least 1, not 0"),
+])  # fmt: skip
+def test_stop_checkpoint_refuses_bad_settings(kwargs: dict[str, int], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        hl.StopCheckpoint(**kwargs)
