@@ -133,7 +133,7 @@ def _param_type(kind: contract.Kind) -> Any:
         return click.Path(file_okay=False, path_type=Path)
     if isinstance(kind, contract.Parsed):
         return TYPES[kind.type_name]
-    return None  # Text: click's default, a string
+    return None  # Text, Texts: click's default, a string (each)
 
 
 def _member_param(decls: tuple[str, ...]) -> str:
@@ -160,7 +160,7 @@ def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
     return [
         click.option(
             row.setting.option, row.name, type=_param_type(kind), default=default,
-            show_default=shown, help=help_text,
+            show_default=shown, help=help_text, multiple=isinstance(kind, contract.Texts),
         )
     ]  # fmt: skip
 

@@ -44,10 +44,7 @@ def render_status(status: JobStatus) -> str:
         )
     for exclusion in status.excluded:
         lines.append(f"  kept out:        {exclusion.node}: {exclusion.reason}")
-    if status.checkpoint_step is not None:
-        lines.append(f"  last checkpoint: step {status.checkpoint_step} ({status.checkpoint_path})")
-    elif status.checkpoint_dir:
-        lines.append(f"  last checkpoint: none yet in {status.checkpoint_dir}")
+    lines += _last_checkpoint(status)
     if status.last_save:
         lines.append(f"  last save:       {status.last_save}")
     for run in status.runs:
@@ -65,6 +62,21 @@ def render_status(status: JobStatus) -> str:
     if status.root_cause and status.job_state not in _NO_ROOT_CAUSE:
         lines += ["", status.root_cause]
     return "\n".join(lines)
+
+
+def _last_checkpoint(status: JobStatus) -> list[str]:
+    """The "last checkpoint" line: hpclaunch's own, or one the job wrote its own way
+    (found by pattern) when that is newer."""
+    if status.found_is_last:
+        written = when(status.found_checkpoint_written)
+        return [f"  last checkpoint: {status.found_checkpoint} (written {written})"]
+    if status.checkpoint_step is not None:
+        return [f"  last checkpoint: step {status.checkpoint_step} ({status.checkpoint_path})"]
+    if status.checkpoint_dir:
+        nor = ", nor matching " + ", ".join(status.checkpoint_patterns)
+        return [f"  last checkpoint: none yet in {status.checkpoint_dir}"
+                + (nor if status.checkpoint_patterns else "")]  # fmt: skip
+    return []
 
 
 def jobs_table(rows: Sequence[ListedJob]) -> str:

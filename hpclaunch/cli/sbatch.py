@@ -69,6 +69,14 @@ if TYPE_CHECKING:
     "(without it, such a folder is refused).",
 )
 @click.option(
+    "--checkpoint-pattern",
+    "checkpoint_patterns",
+    metavar="GLOB",
+    multiple=True,
+    help="A glob naming checkpoints the job writes its own way (relative: to the submit "
+    "folder; ** for any folders), for `hpclaunch status` (repeatable).",
+)
+@click.option(
     "--max-restarts",
     type=int,
     help=f"In-place worker-group restarts per node. [default: {DEFAULT_MAX_RESTARTS}]",
@@ -235,6 +243,7 @@ def _spec(
 ) -> JobSpec:
     """The job the flags and the profile describe. Raises SpecError or ConfigError."""
     from hpclaunch.job.profiles import Entry, build_spec, load_profile
+    from hpclaunch.job.values import folder_pattern, has_wildcard
 
     if flags["template"] is not None:
         flags["template"] = str(obj.cwd / flags["template"])
@@ -245,6 +254,10 @@ def _spec(
             f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
             "check the path, or use -m for a module or --no-python for an executable",
         )
+    for pattern in spec.checkpoint_patterns:
+        if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
+            raise SpecError("checkpoint_patterns",
+                            f"--checkpoint-pattern: {folder_pattern(pattern)}")  # fmt: skip
     return spec
 
 

@@ -46,6 +46,7 @@ def supervise(obj: CliContext, /, step: tuple[str, ...], values: Mapping[str, An
             max_failure_requeues=settings.max_failure_requeues,
             adopt_checkpoints=settings.adopt_checkpoints,
             slurm_patience_s=settings.slurm_patience_s,
+            checkpoint_patterns=settings.checkpoint_patterns,
         )  # fmt: skip
     except HpclaunchError as exc:
         fail(exc)

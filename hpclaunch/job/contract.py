@@ -73,6 +73,13 @@ class Text(NamedTuple):
         return [str(value)]
 
 
+class Texts(NamedTuple):
+    """Strings, each given by one more use of the option (a tuple; ``()`` for none)."""
+
+    def words(self, value: Any) -> list[str]:
+        return [str(value)]
+
+
 class Folder(NamedTuple):
     """A folder path (``pathlib.Path``)."""
 
@@ -111,7 +118,7 @@ class Flags(NamedTuple):
         return []
 
 
-Kind = Number | Choice | Name | Text | Folder | Parsed | Flag | Flags
+Kind = Number | Choice | Name | Text | Texts | Folder | Parsed | Flag | Flags
 
 
 class Setting(NamedTuple):
@@ -136,6 +143,8 @@ class Setting(NamedTuple):
             if value:
                 return [self.option]
             return [self.kind.off] if self.kind.off else []
+        if isinstance(self.kind, Texts):
+            return [word for one in value for word in (self.option, *self.kind.words(one))]
         return [self.option, *self.kind.words(value)]
 
 

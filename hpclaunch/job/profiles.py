@@ -127,6 +127,7 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "log_dir": ("log_dir", _STR),
     "checkpoint_dir": ("checkpoint_dir", _STR),
     "adopt_checkpoints": ("adopt_checkpoints", _expect(bool, "true or false")),
+    "checkpoint_patterns": ("checkpoint_patterns", _str_list),
     "max_restarts": ("max_restarts", _INT),
     "max_requeues": ("max_requeues", _INT),
     "max_failure_requeues": ("max_failure_requeues", _INT),
@@ -160,6 +161,7 @@ _PATH_KEYS = ("log_dir", "checkpoint_dir", "template")
 _FLAG_SPELLING = {
     "sbatch_options": "--sbatch-option",
     "srun_options": "--srun-option",
+    "checkpoint_patterns": "--checkpoint-pattern",
     "gpu_directive": "gpu_directive (a profile key)",
     "launcher": "launcher (a profile key)",
 }
@@ -299,7 +301,7 @@ def build_spec(
             merged = dict(fields[field])
             merged.update(value)
             value = tuple(merged.items())
-        elif field == "setup" and field in fields:
+        elif field in ("setup", "checkpoint_patterns") and field in fields:
             value = fields[field] + tuple(value)
         fields[field] = value
         sources[key_of[field]] = spell(key_of[field])

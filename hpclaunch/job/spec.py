@@ -18,7 +18,7 @@ from pathlib import PurePath
 
 from hpclaunch.errors import SpecError
 from hpclaunch.job.rendezvous import C10dRdzv, EtcdSetting, Rendezvous, choices, elastic_names
-from hpclaunch.job.values import NodeRange, format_time, parse_mem
+from hpclaunch.job.values import NodeRange, check_checkpoint_pattern, format_time, parse_mem
 
 DEFAULT_LOG_DIR = "hpclaunch-logs"
 DEFAULT_SIGNAL_LEAD_S = 120
@@ -164,6 +164,8 @@ class JobSpec:
     # Continue from the checkpoints an ended job left in checkpoint_dir (see
     # hpclaunch.checkpoint.sharing); without it such a folder is refused.
     adopt_checkpoints: bool = False
+    # Globs naming checkpoints the job writes its own way, for `hpclaunch status`.
+    checkpoint_patterns: tuple[str, ...] = ()
     max_restarts: int = DEFAULT_MAX_RESTARTS
     max_requeues: int = DEFAULT_MAX_REQUEUES
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
@@ -198,7 +200,7 @@ class JobSpec:
         return agent_grace_for(self.signal_lead_s)
 
     def __post_init__(self) -> None:
-        for name in ("args", "setup", "launcher", "env"):
+        for name in ("args", "setup", "launcher", "env", "checkpoint_patterns"):
             if not isinstance(getattr(self, name), tuple):
                 raise SpecError(
                     name, f"{getattr(self, name)!r} is not a tuple; give a tuple of strings"
@@ -246,6 +248,9 @@ class JobSpec:
             )
         if self.checkpoint_dir is not None:
             _check_text("checkpoint_dir", self.checkpoint_dir, one_line=False)
+        for pattern in self.checkpoint_patterns:
+            _check_text("checkpoint_patterns", pattern, one_line=True)
+            check_checkpoint_pattern(pattern)
         for arg in self.args:
             _check_text("args", arg, one_line=False)
         for line in self.setup:

@@ -164,3 +164,39 @@ def parse_endpoints(text: str) -> tuple[str, ...]:
             "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
         )
     return endpoints
+
+
+_WILDCARD = re.compile(r"[*?[]")
+
+
+def has_wildcard(pattern: str) -> bool:
+    """Whether ``pattern`` is a glob (``*``, ``?`` or ``[``) rather than one path."""
+    return _WILDCARD.search(pattern) is not None
+
+
+def check_checkpoint_pattern(pattern: str) -> None:
+    """Reject a ``--checkpoint-pattern`` glob that can never name a checkpoint file:
+    empty, ``**`` inside a name, or one folder named outright. Raises SpecError."""
+    field = "checkpoint_patterns"
+    if not pattern.strip():
+        raise SpecError(
+            field, f"{pattern!r} is empty; give a glob such as 'snapshot.pt' or 'ckpt/*.ckpt'"
+        )
+    if any("**" in part and part != "**" for part in pattern.split("/")):
+        raise SpecError(
+            field,
+            f"{pattern!r} has '**' inside a name; '**' stands for any folders only as a "
+            "whole part of the path, as in 'ckpt/**/*.pt': write it so, or use '*'",
+        )
+    if pattern.endswith("/") and not has_wildcard(pattern):
+        raise SpecError(field, folder_pattern(pattern))
+
+
+def folder_pattern(pattern: str) -> str:
+    """Why a pattern without a wildcard that names a folder is refused, and the fix."""
+    folder = pattern.rstrip("/") or "/"
+    return (
+        f"{pattern!r} names the folder {folder!r}, not checkpoint files, so status would "
+        f"show the folder itself; give '{folder.rstrip('/')}/*' for the newest file or "
+        "folder in it"
+    )

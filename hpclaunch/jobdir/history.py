@@ -106,6 +106,8 @@ class History:
     runs: list[Run] = field(default_factory=list)
     checkpoint_dir: str | None = None  # HPCLAUNCH_CHECKPOINT_DIR, for `hpclaunch status`
     signal_lead_s: float | None = None  # the time-limit warning's lead, for save warnings
+    # --checkpoint-pattern, absolute (found_checkpoints.absolute), for `hpclaunch status`
+    checkpoint_patterns: list[str] = field(default_factory=list)
 
     @property
     def excluded_nodes(self) -> list[str]:
@@ -156,9 +158,10 @@ class History:
             lead = data.get("signal_lead_s")
             signal_lead_s = None if lead is None else float(lead)
             budget = int(data["max_requeues"]) if max_requeues is None else max_requeues
+            patterns = [str(p) for p in data.get("checkpoint_patterns") or []]
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
-        return cls(job_id, budget, runs, checkpoint_dir, signal_lead_s)
+        return cls(job_id, budget, runs, checkpoint_dir, signal_lead_s, patterns)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +171,7 @@ class History:
             "excluded_nodes": self.excluded_nodes,
             "checkpoint_dir": self.checkpoint_dir,
             "signal_lead_s": self.signal_lead_s,
+            "checkpoint_patterns": self.checkpoint_patterns,
             "runs": [asdict(run) for run in self.runs],
         }
 

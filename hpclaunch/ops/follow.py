@@ -40,6 +40,9 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
         lines.append(f"worker group restarted in place (attempt {after.attempts})")
     if after.checkpoint_step is not None and after.checkpoint_step != old.checkpoint_step:
         lines.append(f"checkpoint: step {after.checkpoint_step}")
+    found = (after.found_checkpoint, after.found_checkpoint_written)
+    if after.found_is_last and found != (old.found_checkpoint, old.found_checkpoint_written):
+        lines.append(f"checkpoint: {after.found_checkpoint}")  # the job's own, by pattern
     if state_changed and after.ended:
         lines.append(_state_line(after))  # the end comes last
     return lines

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures, saves
+from hpclaunch.jobdir import failures, found_checkpoints, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import registry
@@ -86,6 +86,10 @@ class JobStatus:
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     checkpoint_dir: str | None = None
+    checkpoint_written: float | None = None  # when hpclaunch's own last checkpoint was written
+    checkpoint_patterns: list[str] = field(default_factory=list)  # --checkpoint-pattern's
+    found_checkpoint: str | None = None  # the newest match of those or the Lightning default
+    found_checkpoint_written: float | None = None  # its modification time
     last_save: str | None = None  # the newest save's times (hpclaunch.jobdir.saves)
     root_cause: str | None = None  # the latest run's root-cause block, if it failed
     verdict: str | None = None  # why the latest run ended, where no node is to blame
@@ -105,9 +109,24 @@ class JobStatus:
     def ended(self) -> bool:
         return is_final(self.state)
 
+    @property
+    def found_is_last(self) -> bool:
+        """Whether the checkpoint found by pattern is the last one: newer than hpclaunch's
+        own, or hpclaunch has none."""
+        if self.found_checkpoint_written is None:
+            return False
+        own = self.checkpoint_written
+        return self.checkpoint_path is None or own is None or self.found_checkpoint_written > own
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        """The path the report names as the last checkpoint; None when there is none."""
+        return self.found_checkpoint if self.found_is_last else self.checkpoint_path
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["ended"] = self.ended
+        data["last_checkpoint"] = self.last_checkpoint
         return data
 
 
@@ -259,11 +278,32 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
         complete = checkpoint.complete(ckpt_dir)
     except OSError as exc:
         status.notes.append(f"checkpoint folder {ckpt_dir} cannot be read: {exc.strerror}")
-        complete = []
+        complete = None
     if complete:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
+        status.checkpoint_written = _written(complete[-1].path)
+    _found(ckpt_dir, history, status, lightning=complete is not None)
     _saves(folder, ckpt_dir, history, status)
     status.root_cause = root_cause(folder, status.runs, ckpt_dir)
+
+
+def _written(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed since (a newer one superseded it)
+        return None
+
+
+def _found(ckpt_dir: Path, history: History | None, status: JobStatus, lightning: bool) -> None:
+    """The newest checkpoint the job wrote its own way: a match of --checkpoint-pattern,
+    or (``lightning``: the checkpoint folder can be read) of the Lightning callback's."""
+    status.checkpoint_patterns = list(history.checkpoint_patterns) if history else []
+    defaults = found_checkpoints.defaults(ckpt_dir) if lightning else []
+    search = found_checkpoints.newest(status.checkpoint_patterns + defaults)
+    status.notes += search.notes
+    if search.newest is not None:
+        status.found_checkpoint = str(search.newest.path)
+        status.found_checkpoint_written = search.newest.written
 
 
 def _saves(folder: Path, ckpt_dir: Path, history: History | None, status: JobStatus) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpclaunch.job.contract import Flag, Folder, Number, Script, setting, to_argv
+from hpclaunch.job.contract import Flag, Folder, Number, Script, Texts, setting, to_argv
 from hpclaunch.job.spec import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
@@ -50,6 +50,11 @@ class SupervisorSettings:
         "Seconds to keep trying an unreachable SLURM controller after a failed step "
         "(after a signal: --grace-period from the signal).",
     )  # fmt: skip
+    checkpoint_patterns: tuple[str, ...] = setting(
+        (), "--checkpoint-pattern", Texts(),
+        "A glob naming the job's own checkpoints (relative: to SLURM_SUBMIT_DIR), recorded "
+        "for `hpclaunch status` (repeatable).",
+    )  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> SupervisorSettings:
@@ -61,6 +66,7 @@ class SupervisorSettings:
             max_failure_requeues=spec.max_failure_requeues,
             adopt_checkpoints=spec.adopt_checkpoints,
             slurm_patience_s=float(spec.slurm_patience_s),
+            checkpoint_patterns=spec.checkpoint_patterns,
         )
 
     def to_argv(self) -> list[str]:

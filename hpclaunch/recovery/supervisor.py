@@ -28,6 +28,7 @@ from hpclaunch.job.spec import (
     DEFAULT_SUPERVISOR_GRACE_S,
 )
 from hpclaunch.jobdir import failures, history_store, saves
+from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
@@ -161,15 +162,19 @@ def supervise(
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES,
     adopt_checkpoints: bool = False,
     slurm_patience_s: float = DEFAULT_SLURM_PATIENCE_S,
+    checkpoint_patterns: Sequence[str] = (),
 ) -> int:
     """The batch step: take the checkpoint folder, run the step, then requeue, give up
     or end as the policy says. SLURM's commands are tried again while its controller is
     away: after a signal for ``grace_s`` (the signal lead: until the time limit), else
-    for ``slurm_patience_s``. Returns the supervisor's exit status. Raises
+    for ``slurm_patience_s``. ``checkpoint_patterns`` go into the history, relative
+    ones from SLURM_SUBMIT_DIR. Returns the supervisor's exit status. Raises
     StepNotFound, HistoryError."""
     with forwarding() as forwarder:
         run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues,
                          Patience(grace_s, slurm_patience_s))  # fmt: skip
+        if run.history is not None:
+            run.history.checkpoint_patterns = absolute(checkpoint_patterns, submit_dir(env))
         refused = run.claim_checkpoints(adopt_checkpoints)
         if refused is not None:
             return refused
