@@ -10,10 +10,14 @@ that saves a checkpoint at a step boundary when the job is being stopped::
 
 Why each part is needed:
 
-- ``trainer_args()``: Lightning's default ``Trainer()`` takes one device and one node,
-  and refuses a launch of more ranks than that ("does not match the world size"). The
-  agent knows both numbers (``LOCAL_WORLD_SIZE`` workers on each of
-  ``WORLD_SIZE / LOCAL_WORLD_SIZE`` nodes).
+- ``trainer_args()``: Lightning's own defaults are one device on one node; under a
+  larger launch every rank then trains a model of its own (a single-device strategy, no
+  error), or with ``strategy="ddp"`` Lightning refuses the launch. hpclaunch's agent sets
+  ``PL_TRAINER_NUM_NODES`` and ``PL_TRAINER_DEVICES``, which Lightning takes as those
+  defaults, so a plain ``Trainer()`` is right under hpclaunch; ``trainer_args()`` says the
+  same explicitly (and under torchrun): ``LOCAL_WORLD_SIZE`` workers on each of
+  ``WORLD_SIZE / LOCAL_WORLD_SIZE`` nodes. ``StopCheckpoint`` refuses a Trainer whose
+  world is not the launch's.
 - ``StopCheckpoint``: under hpclaunch Lightning picks torch's elastic environment, in
   which it does not catch the time-limit warning (SIGUSR1 kills the worker with
   nothing saved), and on SIGTERM it runs a collective inside its signal handler and
@@ -113,6 +117,16 @@ class StopCheckpoint(pl.Callback):
         self._dirpath = dirpath
         self._flag = Preemption()
         self._saved_step = -1
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if trainer.world_size != launched:  # each rank would train and save on its own
+            raise RuntimeError(
+                f"Lightning runs a world of {trainer.world_size} rank(s) but the launch started "
+                f"{launched} (WORLD_SIZE): every rank would train a model of its own. Leave "
+                "devices and num_nodes unset (the agent sets PL_TRAINER_DEVICES and "
+                "PL_TRAINER_NUM_NODES) or pass Trainer(**trainer_args())"
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After Lightning installed its own handlers (Trainer._run does that before the

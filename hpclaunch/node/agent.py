@@ -129,12 +129,15 @@ def after_run(
     """The exit status of a supervised agent whose run ended with ``status``, noted in
     the job folder for the supervisor (hpclaunch.recovery.stops); in a --no-kill job
     whose batch host is lost, this agent may end or requeue the job in its place."""
+    from hpclaunch.node.stop_notes import uncaught
     from hpclaunch.recovery import deputy
 
     job_dir = job_folder(ctx, opts, env)
+    killer = uncaught()
     with stop_signals_ignored():  # a late one would raise here (torch's handlers stay)
         try:
-            deputy.note_end(JobFolder(job_dir), ctx.restart_count, ctx.hostname, status)
+            deputy.note_end(JobFolder(job_dir), ctx.restart_count, ctx.hostname, status,
+                            killer.name if killer is not None else None)  # fmt: skip
         except OSError as exc:
             log.warning("could not note this agent's end in %s: %s", job_dir, exc)
         if not opts.no_kill:

@@ -33,9 +33,9 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
-from hpclaunch.node import failfast, procs
+from hpclaunch.node import failfast, procs, stop_notes
 from hpclaunch.node.sweep import Sweeper
-from hpclaunch.node.worker_env import slurm_task_view
+from hpclaunch.node.worker_env import lightning_size, slurm_task_view
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,19 @@ class RecordingAgent(LocalElasticAgent):
             if not self._workers_ended(timeout):
                 log.warning("workers still running %d s after %s; sending SIGKILL", timeout,
                             death_sig.name)  # fmt: skip
+            stop_notes.killed_by(death_sig, self._exit_codes())
             death_sig = signal.SIGKILL  # reaches only the workers still running
         super()._shutdown(death_sig, timeout)
+
+    def _exit_codes(self) -> dict[int, int]:
+        """local rank -> returncode of the current workers that ended."""
+        context = self._pcontext
+        exit_codes = getattr(context, "exit_codes", None)  # the warm context's
+        if exit_codes is not None:
+            return dict(exit_codes())
+        handlers = getattr(context, "subprocess_handlers", {})
+        codes = {rank: handler.proc.poll() for rank, handler in handlers.items()}
+        return {rank: code for rank, code in codes.items() if code is not None}
 
     def _workers_ended(self, timeout: float) -> bool:
         """Whether every worker of the group ended within ``timeout`` seconds."""
@@ -285,6 +296,8 @@ class RecordingAgent(LocalElasticAgent):
                 node_rank=worker_group.group_rank or 0, nodes=worker_group.group_world_size or 1,
                 node_ranks=node_ranks,
             ))  # fmt: skip
+            env.update(lightning_size(os.environ, nodes=worker_group.group_world_size or 1,
+                                      local_world_size=spec.local_world_size))  # fmt: skip
             if "OMP_NUM_THREADS" in os.environ:
                 env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
             if prefixes is not None:

@@ -127,3 +127,16 @@ def framework_env(env: Mapping[str, str], gpu_devices: Sequence[str]) -> dict[st
     if ACCELERATE_USE_CPU in env or has_gpu(env, gpu_devices):
         return {}
     return {ACCELERATE_USE_CPU: "1"}
+
+
+# Lightning's Trainer takes a default for each argument from PL_TRAINER_<NAME>. Its own
+# defaults count one device on one node: then every rank of a larger launch trains a
+# model of its own (a single-device strategy, no error), or, with strategy="ddp",
+# Lightning refuses the launch. An argument passed to Trainer(...) still wins.
+LIGHTNING_SIZE = ("PL_TRAINER_NUM_NODES", "PL_TRAINER_DEVICES")
+
+
+def lightning_size(env: Mapping[str, str], *, nodes: int, local_world_size: int) -> dict[str, str]:
+    """PL_TRAINER_NUM_NODES and PL_TRAINER_DEVICES for this launch, unless set. Pure."""
+    size = dict(zip(LIGHTNING_SIZE, (str(nodes), str(local_world_size)), strict=True))
+    return {name: value for name, value in size.items() if name not in env}

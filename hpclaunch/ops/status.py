@@ -20,7 +20,7 @@ from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.jobdir import failures, found_checkpoints, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
-from hpclaunch.ops import registry
+from hpclaunch.ops import registry, unsaved
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
 from hpclaunch.slurm.states import JobRecord, JobState, Source, is_final
@@ -264,6 +264,7 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
                 why += f": {run.error}"
             status.excluded += [Exclusion(node, why) for node in run.excluded]
         status.verdict = history.runs[-1].verdict
+        status.notes += unsaved.notes(folder, [run.requeue_count for run in history.runs])
     elif history is not None:
         status.notes.append(f"no history.json in {folder} yet (the job has not started)")
     found = JobFolder(folder).attempts()

@@ -102,11 +102,17 @@ def why_lost(job: JobView, host: str) -> str:
     return "SLURM marks it down or no longer hears from it, and its slurmd does not answer"
 
 
-def note_end(folder: JobFolder, requeue: int, node: str, status: int) -> None:
-    """This node's agent ended with ``status``. Raises OSError."""
+def note_end(
+    folder: JobFolder, requeue: int, node: str, status: int, uncaught: str | None = None
+) -> None:
+    """This node's agent ended with ``status``; ``uncaught``: the stop signal that killed
+    workers that do not catch it (hpclaunch status reports it). Raises OSError."""
     path = folder.agent_end(requeue, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, json.dumps({"node": node, "status": status}).encode() + b"\n")
+    note: dict[str, object] = {"node": node, "status": status}
+    if uncaught is not None:
+        note["uncaught"] = uncaught
+    write_bytes_atomic(path, json.dumps(note).encode() + b"\n")
 
 
 def ended(folder: JobFolder, requeue: int, nodes: tuple[str, ...]) -> dict[str, int]:

@@ -86,6 +86,13 @@ class Job:
                  what=f"every process of job {self.id} to exit")  # fmt: skip
         return self.fields()["JobState"]
 
+    def status(self) -> str:
+        """What ``hpclaunch status`` prints for this job."""
+        argv = [str(VENV_BIN / "hpclaunch"), "status", "--job-dir", str(self.job_dir), str(self.id)]
+        done = subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return done.stdout
+
     def run(self, *argv: str) -> None:
         """A SLURM command aimed at this job (scontrol requeue, scancel ...)."""
         subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=True)

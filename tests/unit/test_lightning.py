@@ -54,3 +54,16 @@ def test_resume_path_outside_a_job_names_the_variable(monkeypatch: pytest.Monkey
 def test_stop_checkpoint_refuses_bad_settings(kwargs: dict[str, int], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         hl.StopCheckpoint(**kwargs)
+
+
+@pytest.mark.filterwarnings("ignore:The `srun` command is available")  # Lightning, on this host
+def test_stop_checkpoint_refuses_a_trainer_smaller_than_the_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """devices=1 under a launch of 4 ranks: each rank would train and save on its own."""
+    import lightning as L
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    trainer = L.Trainer(devices=1, accelerator="cpu", logger=False, enable_progress_bar=False)
+    with pytest.raises(RuntimeError, match=r"world of 1 rank\(s\) but the launch started 4"):
+        hl.StopCheckpoint().setup(trainer, L.LightningModule(), "fit")

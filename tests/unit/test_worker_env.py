@@ -88,3 +88,13 @@ def test_accelerate_is_told_to_use_the_cpu_only_where_there_is_no_gpu() -> None:
     assert cpu({}, ["/dev/nvidia0"]) == {} and cpu({}, ["/dev/kfd"]) == {}
     # The user's own setting stays.
     assert cpu({"ACCELERATE_USE_CPU": "0"}, []) == {}
+
+
+def test_lightnings_trainer_is_told_the_launchs_size_unless_the_user_set_it() -> None:
+    assert worker_env.lightning_size({}, nodes=2, local_world_size=4) == {
+        "PL_TRAINER_NUM_NODES": "2",
+        "PL_TRAINER_DEVICES": "4",
+    }
+    assert worker_env.lightning_size({"PL_TRAINER_DEVICES": "1"}, nodes=2, local_world_size=4) == {
+        "PL_TRAINER_NUM_NODES": "2"
+    }

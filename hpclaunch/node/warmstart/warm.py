@@ -115,6 +115,11 @@ class WarmContext(PContext):
     def pids(self) -> dict[int, int]:
         return dict(self._pids)
 
+    def exit_codes(self) -> dict[int, int]:
+        """local rank -> returncode, for the workers that ended (negative: by a signal)."""
+        codes = self._returncodes()
+        return {rank: codes[pid] for rank, pid in self._pids.items() if pid in codes}
+
     def _alive(self) -> list[int]:
         """The workers to stop. Once the zygote is gone its workers are dead (they die
         with it), but what they started in their process group may not be: each group
