@@ -173,6 +173,13 @@ _KNOWN_FIXES: tuple[tuple[re.Pattern[str], str], ...] = (
         "lightning.trainer_args(), ...), or devices=<workers per node>, num_nodes=<nodes> "
         "(docs/bring-your-script.md, From Lightning)",
     ),
+    (
+        # submitit's TorchDistributedEnvironment().export() refuses what torch's launch set.
+        re.compile(r"Cannot export environment variables as \w+ is already set"),
+        "the agent sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK already: "
+        "leave submitit's TorchDistributedEnvironment().export() out; "
+        "init_process_group() works as is (docs/bring-your-script.md, From submitit)",
+    ),
 )
 
 

@@ -128,3 +128,16 @@ def test_root_cause_of_lightnings_default_trainer_says_what_to_set(tmp_path: Pat
     block = root_cause_block([Failure(0, 0, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
                              node_rank=0, command=("train.py",))  # fmt: skip
     assert "fix       :" not in block
+
+
+def test_root_cause_of_submitits_export_says_to_leave_it_out(tmp_path: Path) -> None:
+    stderr = tmp_path / "rank-1.err"
+    stderr.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        "[rank1]: RuntimeError: Cannot export environment variables as MASTER_ADDR is already set\n"
+    )
+    block = root_cause_block([Failure(1, 1, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
+                             node_rank=0, command=("train.py",))  # fmt: skip
+    assert "  fix       : the agent sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and " \
+        "LOCAL_RANK already: leave submitit's TorchDistributedEnvironment().export() out" \
+        in block  # fmt: skip
