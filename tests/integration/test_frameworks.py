@@ -1,8 +1,10 @@
 """Frameworks people already run, on the sandbox. accelerate's plain ``Accelerator()``
 on CPU nodes is one world over gloo (the agent sets ACCELERATE_USE_CPU=1 where the job
-has no GPU), not four trainings of their own. Lightning DDP with hpclaunch's
-``StopCheckpoint`` saves at a step boundary and resumes exactly from each stop, and its
-default ``Trainer()`` is one world of every rank (the agent's PL_TRAINER_*)."""
+has no GPU), not four trainings of their own; an accelerate loop with hpclaunch's
+preemption flag and checkpoints resumes exactly after the time-limit warning. Lightning
+DDP with hpclaunch's ``StopCheckpoint`` saves at a step boundary and resumes exactly
+from each stop, and its default ``Trainer()`` is one world of every rank (the agent's
+PL_TRAINER_*)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import Job, submit
+from tests.integration.training_jobs import EXAMPLES, Job, submit
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +40,31 @@ def test_accelerate_on_cpu_nodes_trains_one_model_in_one_world(
         assert worker["num_processes"] == 4 and worker["process_index"] == rank, worker
         assert worker["distributed_type"] == "DistributedType.MULTI_CPU", worker
     assert len({worker["digest"] for worker in seen.values()}) == 1, seen
+
+
+ACCELERATE_LOOP = EXAMPLES / "train_accelerate.py"
+ACCELERATE_STEPS = ("--steps", "30", "--step-time", "0.2")
+
+
+def test_an_accelerate_loop_stopped_by_the_warning_resumes_exactly(
+    sandbox: Running, tmp_path: Path
+) -> None:
+    """examples/train_accelerate.py: the preemption flag and hpclaunch.checkpoint in an
+    accelerate loop; the time-limit warning requeues it once and it ends with the weights
+    of an uninterrupted run."""
+    pytest.importorskip("accelerate")
+    whole = submit(sandbox, tmp_path / "whole", ACCELERATE_LOOP, "--steps", "30")
+    assert whole.wait_end() == "COMPLETED", whole.log
+    [uninterrupted] = whole.lines("RESULT")
+    assert uninterrupted["world_size"] == 4, whole.log
+    job = submit(sandbox, tmp_path / "stopped", ACCELERATE_LOOP, *ACCELERATE_STEPS)
+    job.wait_checkpoint(9)
+    job.run("scancel", "--signal=USR1", "--batch", str(job.id))
+    assert job.wait_end() == "COMPLETED", job.log
+    assert job.lines("RESULT") == [uninterrupted], job.log
+    starts = job.lines("START")
+    assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 10
+    assert job.history() == [(0, "time limit", "requeue"), (1, "completed", "none")]
 
 
 LIGHTNING = Path(__file__).with_name("lightning_train.py")
