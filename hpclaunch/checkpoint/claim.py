@@ -159,14 +159,14 @@ def _local_holder(owner: Owner) -> Holder:
 
 
 def _latest(folder: Path) -> int | None:
-    try:
-        found = store.complete(folder)
+    try:  # hpclaunch's own checkpoints and Lightning's (hpclaunch.frameworks.lightning)
+        steps = [found.step for found in store.complete(folder)] + store.lightning_steps(folder)
     except OSError as exc:
         raise MarkerError(
             f"cannot list the checkpoint folder {folder}: {exc.strerror or exc}; give a "
             "--checkpoint-dir this user can read and write"
         ) from None
-    return found[-1].step if found else None
+    return max(steps) if steps else None
 
 
 def check_submit(

@@ -33,6 +33,10 @@ METADATA = ".metadata"  # what torch's distributed checkpoint writes last
 _NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
 _TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.(tmp|deleting)-[\w.-]+$")
 DAMAGED_SUFFIX = ".damaged"
+# Lightning's checkpoints, as hpclaunch.frameworks.lightning commits them (by rename)
+# into this subfolder of the checkpoint folder: step-<global step, 12 digits>.ckpt.
+LIGHTNING_FOLDER = "lightning"
+LIGHTNING_NAME = re.compile(r"^step-(\d{12})\.ckpt$")
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b.*")
 
 
@@ -118,6 +122,15 @@ def complete(folder: str | os.PathLike[str]) -> list[Checkpoint]:
         elif not single and entry.is_dir() and os.path.isfile(os.path.join(entry.path, METADATA)):
             found[int(match.group(1))] = Checkpoint(int(match.group(1)), Path(entry.path))
     return sorted(found.values())
+
+
+def lightning_steps(folder: str | os.PathLike[str]) -> list[int]:
+    """The global steps of the Lightning checkpoints committed under ``folder``."""
+    try:
+        names = os.listdir(os.path.join(folder, LIGHTNING_FOLDER))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(m.group(1)) for m in map(LIGHTNING_NAME.match, names) if m)
 
 
 def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:

@@ -22,11 +22,12 @@ Why each part is needed:
   which it does not catch the time-limit warning (SIGUSR1 kills the worker with
   nothing saved), and on SIGTERM it runs a collective inside its signal handler and
   stops without saving. The callback takes SIGTERM, SIGUSR1 and SIGUSR2 over (a flag,
-  as ``hpclaunch.checkpoint.Preemption``), and at the end of each training batch every
-  rank learns whether any rank got one; if so every rank saves Lightning's checkpoint
-  and the run stops, the job is requeued, and ``resume_path()`` gives
-  ``fit(ckpt_path=...)`` the newest checkpoint. With ``every_n_steps`` it also saves
-  every that many optimizer steps, for the faults that give no warning (a lost node).
+  as ``hpclaunch.checkpoint.Preemption``), and at the end of each training batch that
+  ends with an optimizer step every rank learns whether any rank got one; if so every
+  rank saves Lightning's checkpoint and the run stops, the job is requeued, and
+  ``resume_path()`` gives ``fit(ckpt_path=...)`` the newest checkpoint. With
+  ``every_n_steps`` it also saves every that many optimizer steps, for the faults that
+  give no warning (a lost node), and it saves when training ends.
 - Checkpoints go to ``$HPCLAUNCH_CHECKPOINT_DIR/lightning/step-NNNNNNNNNNNN.ckpt``, each
   committed by one rename once written (a killed save leaves only a ``.tmp``), so
   ``resume_path()`` never returns a half-written one; ``hpclaunch status`` shows them.
@@ -40,20 +41,19 @@ batches again.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hpclaunch.checkpoint import store
-from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption
+from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, device
 from hpclaunch.jobdir.atomic import fsync_folder
 
-SUBFOLDER = "lightning"  # of the job's checkpoint folder
-_NAME = re.compile(r"^step-(\d{12})\.ckpt$")
+SUBFOLDER = store.LIGHTNING_FOLDER  # of the job's checkpoint folder
 
 
 def trainer_args(env: dict[str, str] | None = None) -> dict[str, int]:
@@ -87,8 +87,8 @@ def folder(dirpath: str | os.PathLike[str] | None = None) -> Path:
 def committed(dirpath: str | os.PathLike[str] | None = None) -> list[tuple[int, Path]]:
     """The committed checkpoints in the callback's folder: (global step, path), oldest first."""
     root = folder(dirpath)
-    found = [(int(m.group(1)), root / m.group(0)) for m in map(_NAME.match, os.listdir(root)) if m]
-    return sorted(found)
+    matches = map(store.LIGHTNING_NAME.match, os.listdir(root))
+    return sorted((int(m.group(1)), root / m.group(0)) for m in matches if m)
 
 
 def resume_path(dirpath: str | os.PathLike[str] | None = None) -> str | None:
@@ -98,10 +98,16 @@ def resume_path(dirpath: str | os.PathLike[str] | None = None) -> str | None:
 
 
 class StopCheckpoint(pl.Callback):
-    """Saves Lightning's checkpoint on every rank at a step boundary when the job is
-    being stopped (SIGTERM, SIGUSR1, SIGUSR2), then stops the run, which the job's
-    supervisor requeues; and every ``every_n_steps`` optimizer steps, when given.
-    Keeps the newest ``keep_last`` of its checkpoints."""
+    """Saves Lightning's checkpoint on every rank at an optimizer-step boundary when the
+    job is being stopped (SIGTERM, SIGUSR1, SIGUSR2), then stops the run, which the job's
+    supervisor requeues; every ``every_n_steps`` optimizer steps, when given; and when
+    training ends. Keeps the newest ``keep_last`` of its checkpoints.
+
+    It saves in ``on_train_batch_end``, so it must come after every other callback that
+    has that hook (Lightning's own checkpoint callbacks excepted): one after it would not
+    have seen the saved batch, which the resumed run counts as done. ``setup`` refuses
+    such an order. The LightningModule's own ``on_train_batch_end`` runs after the save:
+    what it changes in that batch is not in the checkpoint."""
 
     def __init__(
         self,
@@ -117,6 +123,7 @@ class StopCheckpoint(pl.Callback):
         self._dirpath = dirpath
         self._flag = Preemption()
         self._saved_step = -1
+        self._step_before = -1  # global_step when the current batch started
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -127,6 +134,15 @@ class StopCheckpoint(pl.Callback):
                 "devices and num_nodes unset (the agent sets PL_TRAINER_DEVICES and "
                 "PL_TRAINER_NUM_NODES) or pass Trainer(**trainer_args())"
             )
+        callbacks = list(getattr(trainer, "callbacks", []))
+        later = callbacks[callbacks.index(self) + 1 :]
+        late = [type(c).__name__ for c in later if _ends_batches(c)]
+        if late:
+            raise RuntimeError(
+                f"StopCheckpoint comes before {', '.join(late)} in Trainer(callbacks=...), and "
+                "saves at the end of a batch: a checkpoint would not hold what those do at that "
+                "batch, which the resumed run counts as done. Put StopCheckpoint after them"
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After Lightning installed its own handlers (Trainer._run does that before the
@@ -134,13 +150,21 @@ class StopCheckpoint(pl.Callback):
         # blocks when ranks are elsewhere; Lightning restores what it found at the end.
         self._flag = Preemption.install(STOP_SIGNALS)
         self._saved_step = trainer.global_step  # loaded from a checkpoint, or 0
+        _same_step_everywhere(trainer)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_before = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:  # fmt: skip
-        stopping = self._flag.should_stop()  # a collective: every rank, every batch
         step = trainer.global_step
+        if step == self._step_before:  # within gradient accumulation: not a boundary
+            return
+        stopping = self._flag.should_stop()  # a collective: every rank, every step
         due = self.every_n_steps is not None and step % self.every_n_steps == 0
         if (stopping or due) and step != self._saved_step:
             self.save(trainer)
@@ -152,6 +176,12 @@ class StopCheckpoint(pl.Callback):
             )
             raise SIGTERMException  # ends fit() on every rank; the job is requeued
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A stop that came after the last batch would otherwise requeue a finished run
+        # that resumes from an older checkpoint; from this one, fit() returns at once.
+        if trainer.global_step != self._saved_step:
+            self.save(trainer)
+
     def save(self, trainer: pl.Trainer) -> Path:
         """Save Lightning's checkpoint of this step on every rank (a collective), and
         commit it by one rename; returns its path."""
@@ -160,12 +190,51 @@ class StopCheckpoint(pl.Callback):
         partial = root / f"{final.name}.tmp"
         trainer.save_checkpoint(partial, weights_only=False)  # rank 0 writes; then a barrier
         if trainer.is_global_zero:
-            with open(partial, "rb") as handle:
-                os.fsync(handle.fileno())
-            os.replace(partial, final)
-            fsync_folder(root)
+            commit(partial, final)
             for _step, old in committed(root)[: -self.keep_last]:
-                old.unlink(missing_ok=True)
+                store.remove(old)
         trainer.strategy.barrier("hpclaunch.StopCheckpoint.save")
         self._saved_step = trainer.global_step
         return final
+
+
+def commit(partial: Path, final: Path) -> None:
+    """Make ``partial`` (a file, or the folder a sharded strategy writes) durable, then
+    give it its final name in one rename."""
+    files = [partial] if partial.is_file() else [p for p in partial.rglob("*") if p.is_file()]
+    for path in files:
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    for sub in {p.parent for p in files} - {partial.parent}:
+        fsync_folder(sub)
+    os.replace(partial, final)
+    fsync_folder(final.parent)
+
+
+def _ends_batches(callback: pl.Callback) -> bool:
+    """Whether ``callback`` does something at the end of a training batch (Lightning's
+    checkpoint callbacks excepted: they only save)."""
+    if isinstance(callback, Checkpoint):
+        return False
+    return type(callback).on_train_batch_end is not pl.Callback.on_train_batch_end
+
+
+def _same_step_everywhere(trainer: pl.Trainer) -> None:
+    """Every rank resumed from the same step (each lists the folder on its own; a stale
+    listing on one node would make its saves and stops fall at other steps)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or trainer.world_size < 2:
+        return
+    import torch
+
+    step = trainer.global_step
+    spread = torch.tensor([step, -step], dtype=torch.float64, device=device())
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    highest, lowest = int(spread[0].item()), -int(spread[1].item())
+    if highest != lowest:
+        raise RuntimeError(
+            f"the ranks resumed from different checkpoints (steps {lowest} to {highest}): "
+            f"the folder {folder()} looked different from different nodes; resume_path() "
+            "needs a folder every node sees the same"
+        )

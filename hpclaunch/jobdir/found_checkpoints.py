@@ -19,11 +19,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpclaunch.checkpoint import store
 from hpclaunch.job.values import has_wildcard
 
 # Where the Lightning callback commits its checkpoints (by rename), under the job's
 # checkpoint folder.
-LIGHTNING = os.path.join("lightning", "step-*.ckpt")
+LIGHTNING = os.path.join(store.LIGHTNING_FOLDER, "step-*.ckpt")
 IN_PROGRESS_SUFFIX = ".tmp"
 # How a folder is listed: os.scandir; tests give one that refuses (root reads anything).
 Scandir = Callable[[str], AbstractContextManager[Iterator[os.DirEntry[str]]]]

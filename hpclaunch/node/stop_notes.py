@@ -23,7 +23,7 @@ def killed_by(sig: signal.Signals, codes: Mapping[int, int]) -> None:
     _killers.append(sig)
     log.warning(
         "local ranks %s were killed by %s: they do not catch it, so they saved nothing on it; "
-        "the requeued run resumes from the last checkpoint there is, if any. Catch it: "
+        "a requeued run resumes from the last checkpoint there is, if any. Catch it: "
         "hpclaunch.checkpoint.Preemption, or for Lightning "
         "hpclaunch.frameworks.lightning.StopCheckpoint (docs/bring-your-script.md)",
         ",".join(map(str, killed)), sig.name,

@@ -233,6 +233,17 @@ def test_a_fresh_folder_gets_a_marker_at_start(tmp_path: Path) -> None:
     assert owner.read(folder)[0] == ME
 
 
+def test_a_folder_holding_only_lightnings_checkpoints_is_not_free(tmp_path: Path) -> None:
+    """hpclaunch.frameworks.lightning resumes from lightning/step-N.ckpt: a new job must
+    not take another job's Lightning run for a fresh start."""
+    (tmp_path / "lightning").mkdir()
+    (tmp_path / "lightning" / "step-000000000040.ckpt").write_bytes(b"")
+    (tmp_path / "lightning" / "step-000000000050.ckpt.tmp").write_bytes(b"")  # never committed
+    with pytest.raises(FolderTaken, match="holds checkpoints up to step 40 that no hpclaunch"):
+        claim.claim_start(tmp_path, ME, adopt=False, slurm=None)
+    assert claim.claim_start(tmp_path, ME, adopt=True, slurm=None).verdict is Verdict.ADOPT
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()  # reaped: the pid names no process now

@@ -67,3 +67,22 @@ def test_stop_checkpoint_refuses_a_trainer_smaller_than_the_launch(
     trainer = L.Trainer(devices=1, accelerator="cpu", logger=False, enable_progress_bar=False)
     with pytest.raises(RuntimeError, match=r"world of 1 rank\(s\) but the launch started 4"):
         hl.StopCheckpoint().setup(trainer, L.LightningModule(), "fit")
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_commit_gives_a_file_or_a_folder_its_name_in_one_rename(
+    tmp_path: Path, sharded: bool
+) -> None:
+    partial, final = tmp_path / "step-000000000007.ckpt.tmp", tmp_path / "step-000000000007.ckpt"
+    if sharded:  # a strategy that writes a folder of shards
+        (partial / "shards").mkdir(parents=True)
+        (partial / "shards" / "rank-0.distcp").write_bytes(b"0")
+        (partial / "meta").write_bytes(b"m")
+    else:
+        partial.write_bytes(b"state")
+    hl.commit(partial, final)
+    assert not partial.exists() and hl.resume_path(tmp_path) == str(final)
+    if sharded:
+        assert (final / "shards" / "rank-0.distcp").read_bytes() == b"0"
+    else:
+        assert final.read_bytes() == b"state"
