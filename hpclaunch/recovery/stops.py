@@ -28,7 +28,7 @@ STOPS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 class Step(Protocol):
-    """What the supervisor saw of the step (hpclaunch.recovery.supervisor.StepResult)."""
+    """What the supervisor saw of the step (hpclaunch.recovery.step.StepResult)."""
 
     @property
     def signals(self) -> tuple[int, ...]: ...
