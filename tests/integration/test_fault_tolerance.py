@@ -23,6 +23,7 @@ from tests.integration.training_jobs import (
     Job,
     check_restarted_in_place,
     digest_of,
+    end_with_a_lost_node,
     uninterrupted_digest,
 )
 from tests.integration.training_jobs import submit as submit_script
@@ -99,14 +100,8 @@ def test_a_lost_node_requeues_the_job_onto_the_others(
 ) -> None:
     job = submit(sandbox, tmp_path)
     job.wait_checkpoint(9)
-    lost = expand(job.fields()["NodeList"])[1]  # not the node of the batch step
-    try:
-        # The node dies; SLURM would mark it DOWN after its timeouts (~25 s): do it now.
-        sandbox.box.kill_node(lost)
-        sandbox.box.set_node_state(lost, NodeAction.DOWN, "test: node lost")
-        assert job.wait_end() == "COMPLETED", job.log
-    finally:
-        sandbox.box.start_node(lost)  # and back to service, for the next tests
+    state, lost = end_with_a_lost_node(sandbox, job)
+    assert state == "COMPLETED", job.log
     assert digest_of(job) == uninterrupted
     assert job.fields()["Restarts"] == "1"
     assert job.history() == [(0, "requeued by SLURM", "SLURM requeues"), (1, "completed", "none")]

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.sandbox.cluster import NodeAction
-from hpclaunch.slurm.hostlist import expand
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import EXAMPLES, Job, submit
+from tests.integration.training_jobs import EXAMPLES, Job, end_with_a_lost_node, submit
 
 pytestmark = pytest.mark.integration
 
@@ -111,13 +109,7 @@ def test_a_stopped_lightning_job_saves_requeues_once_and_resumes_exactly(
     wait_for(lambda: any(s >= 10 for s in lightning_saved(job)), timeout_s=120,
              what=f"job {job.id}'s Lightning checkpoint of step 10")  # fmt: skip
     if how == "a lost node":
-        lost = expand(job.fields()["NodeList"])[1]  # not the node of the batch step
-        try:
-            sandbox.box.kill_node(lost)
-            sandbox.box.set_node_state(lost, NodeAction.DOWN, "test: node lost")
-            assert job.wait_end() == "COMPLETED", job.log
-        finally:
-            sandbox.box.start_node(lost)
+        assert end_with_a_lost_node(sandbox, job)[0] == "COMPLETED", job.log
     else:
         stop = {
             "scontrol requeue": ("scontrol", "requeue", str(job.id)),

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch.node import procs
+from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.slurm.commands import parse_show_job
+from hpclaunch.slurm.hostlist import expand
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
 
@@ -123,6 +125,20 @@ def submit(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return Job(int(result.stdout), folder, env, script.stem, checkpoint_dir)
+
+
+def end_with_a_lost_node(sandbox: Running, job: Job) -> tuple[str, str]:
+    """Kill a node of ``job`` other than its batch step's, as a machine that died, and
+    wait for the job's end: (its final state, the node). SLURM would mark the node DOWN
+    after its timeouts (~25 s); this does it at once. The node is back in service after,
+    for the next tests."""
+    lost = expand(job.fields()["NodeList"])[1]
+    try:
+        sandbox.box.kill_node(lost)
+        sandbox.box.set_node_state(lost, NodeAction.DOWN, "test: node lost")
+        return job.wait_end(), lost
+    finally:
+        sandbox.box.start_node(lost)
 
 
 def uninterrupted_digest(sandbox: Running, folder: Path, script: Path, *args: str) -> str:
