@@ -99,6 +99,7 @@ def _types() -> dict[str, SpecParam]:
         "env": SpecParam("KEY=VALUE", values.parse_env),
         "option": SpecParam("KEY[=VALUE]", values.parse_sbatch_option),
         "endpoints": SpecParam("HOST:PORT[,...]", values.parse_endpoints),
+        "hang_timeout": SpecParam("SECONDS|auto|off", values.parse_hang_timeout),
     }
 
 

@@ -82,6 +82,13 @@ if TYPE_CHECKING:
     help=f"In-place worker-group restarts per node. [default: {DEFAULT_MAX_RESTARTS}]",
 )
 @click.option(
+    "--hang-timeout",
+    type=TYPES["hang_timeout"],
+    help="Seconds without training progress (optimizer steps, hpclaunch.progress.beat) "
+    "after which the workers count as hung: their stacks are saved and they restart in "
+    f"place; auto: {10:g} x the slowest step, at least {300:g} s; off. [default: auto]",
+)
+@click.option(
     "--max-requeues",
     type=int,
     help=f"Requeue budget given to the batch-step supervisor. [default: {DEFAULT_MAX_REQUEUES}]",

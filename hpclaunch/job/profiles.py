@@ -21,7 +21,13 @@ from typing import Any
 from hpclaunch.errors import ConfigError, SpecError
 from hpclaunch.job import rendezvous
 from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
-from hpclaunch.job.values import parse_endpoints, parse_mem, parse_nodes, parse_time
+from hpclaunch.job.values import (
+    parse_endpoints,
+    parse_hang_timeout,
+    parse_mem,
+    parse_nodes,
+    parse_time,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -129,6 +135,10 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "adopt_checkpoints": ("adopt_checkpoints", _expect(bool, "true or false")),
     "checkpoint_patterns": ("checkpoint_patterns", _str_list),
     "max_restarts": ("max_restarts", _INT),
+    "hang_timeout": (
+        "hang_timeout",
+        lambda v: parse_hang_timeout(_expect((str, int, float), "seconds, 'auto' or 'off'")(v)),
+    ),
     "max_requeues": ("max_requeues", _INT),
     "max_failure_requeues": ("max_failure_requeues", _INT),
     "signal_lead": ("signal_lead_s", _INT),

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import PurePath
 
 from hpclaunch.errors import SpecError
+from hpclaunch.job import values
 from hpclaunch.job.rendezvous import C10dRdzv, EtcdSetting, Rendezvous, choices, elastic_names
 from hpclaunch.job.values import NodeRange, check_checkpoint_pattern, format_time, parse_mem
 
@@ -24,8 +25,7 @@ DEFAULT_LOG_DIR = "hpclaunch-logs"
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MAX_REQUEUES = 3
-# After the agent passes a signal on, how long the workers get to exit before SIGKILL.
-DEFAULT_GRACE_PERIOD_S = 30
+DEFAULT_GRACE_PERIOD_S = 30  # after a signal is passed on, for the workers to exit
 # How long the supervisor gives the step after a signal, unless the script sets it.
 DEFAULT_SUPERVISOR_GRACE_S = 90.0
 # Requeues without bad nodes a job gets (preemptions and time limits do not count).
@@ -167,6 +167,7 @@ class JobSpec:
     # Globs naming checkpoints the job writes its own way, for `hpclaunch status`.
     checkpoint_patterns: tuple[str, ...] = ()
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    hang_timeout: str = values.HANG_AUTO  # seconds without progress, auto or off (node.hangs)
     max_requeues: int = DEFAULT_MAX_REQUEUES
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
@@ -212,6 +213,7 @@ class JobSpec:
         if self.cpus_per_task is not None:
             _check_count("cpus_per_task", self.cpus_per_task, 1)
         _check_count("max_restarts", self.max_restarts, 0)
+        object.__setattr__(self, "hang_timeout", values.parse_hang_timeout(self.hang_timeout))
         _check_count("max_requeues", self.max_requeues, 0)
         _check_count("max_failure_requeues", self.max_failure_requeues, 0)
         if self.master_port is not None:

@@ -156,6 +156,28 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     return key.lstrip("-"), (value if sep else None)
 
 
+# --hang-timeout: the automatic timeout's words (hpclaunch.node.hangs documents them).
+HANG_AUTO, HANG_OFF = "auto", "off"
+
+
+def parse_hang_timeout(text: str | float) -> str:
+    """``auto``, ``off`` or seconds above 0, as the agent's option writes it. Raises SpecError."""
+    value = str(text).strip().lower()
+    if value in (HANG_AUTO, HANG_OFF):
+        return value
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise SpecError(
+            "hang_timeout",
+            f"{text!r} is not a hang timeout; give seconds without progress (a number above "
+            f"0), {HANG_AUTO!r} (a multiple of the slowest step, with a floor) or {HANG_OFF!r}",
+        )
+    return f"{seconds:g}"
+
+
 def parse_endpoints(text: str) -> tuple[str, ...]:
     """Parse ``host:port[,host:port...]``. Raises SpecError."""
     endpoints = tuple(part.strip() for part in text.split(",") if part.strip())

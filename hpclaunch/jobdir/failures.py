@@ -21,7 +21,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +39,12 @@ SYMPTOMS = re.compile(
 )
 
 
+# The messages of a hang that hpclaunch's hang detector stopped (hpclaunch.jobdir.hangs):
+# the rank a node names as hung (an error of that node's own), and the ranks that waited.
+HUNG = "hung:"
+WAITED_FOR_HANG = "stopped by the hang detector while it waited for a hung rank:"
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
     rank: int
@@ -54,7 +60,7 @@ class WorkerFailure:
     def waited(self) -> bool:
         """Whether this worker failed waiting for a peer that never answered (a
         collective's timeout): the echo of a hang elsewhere, not an error of its own."""
-        return timed_out(self.message)
+        return timed_out(self.message) or self.message.startswith(WAITED_FOR_HANG)
 
 
 @dataclass(frozen=True)
@@ -111,10 +117,14 @@ def write(job_dir: Path, record: NodeRecord) -> Path:
 
 
 def record_of(
-    node: str, node_rank: int, requeue_count: int, attempt: int, failures: Iterable[Failure]
-) -> NodeRecord:
+    node: str, node_rank: int, requeue_count: int, attempt: int, failures: Iterable[Failure],
+    messages: Mapping[int, str] | None = None,
+) -> NodeRecord:  # fmt: skip
+    """The record of one failed attempt; ``messages`` (rank -> message) says what the
+    agent knows better than the worker's output (a hang it stopped)."""
+    given = messages or {}
     workers = tuple(
-        WorkerFailure(f.rank, f.exitcode, message_of(f))
+        WorkerFailure(f.rank, f.exitcode, given.get(f.rank) or message_of(f))
         for f in sorted(failures, key=lambda f: f.rank)
     )
     return NodeRecord(node, node_rank, requeue_count, attempt, time.time(), workers)
@@ -237,11 +247,17 @@ def classify(
         seen_on = tuple(sorted({found[4] for found in said}))
         return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3], seen_on=seen_on)
     erred: dict[str, list[str]] = {}
+    hung: dict[str, list[str]] = {}
     for record in ordered:
         for worker in record.own_errors:
-            erred.setdefault(record.node, []).append(worker.message)
+            mine = hung if worker.message.startswith(HUNG) else erred
+            mine.setdefault(record.node, []).append(worker.message)
+    if not erred and hung and not set(hung) >= set(step_nodes):
+        # The hang detector named ranks of some nodes only: those nodes hang.
+        return Finding(Verdict.BAD_NODES, tuple(sorted(hung)), next(iter(hung.values()))[0])
     if not erred:
-        waited = [w.message for r in ordered for w in r.workers if w.waited]
+        waited = [m for messages in hung.values() for m in messages]
+        waited += [w.message for r in ordered for w in r.workers if w.waited]
         return Finding(Verdict.HANG, message=waited[0]) if waited else Finding(Verdict.UNKNOWN)
     first = next(iter(erred.values()))[0]
     if set(erred) >= set(step_nodes):

@@ -55,6 +55,9 @@ FAILURES = "failures"
 LOCAL_REQUEUES = "local-requeues"
 AGENTS = "agents"
 DEPUTY = "deputy.json"
+HANGS = "hangs"
+PROGRESS = "progress"
+STACKS = "stacks"
 # sbatch's --output, relative to the log folder: SLURM puts the job name for %x and
 # the job id for %j, which batch_log spells out.
 BATCH_LOG_PATTERN = "%x-%j.out"
@@ -213,6 +216,19 @@ class JobFolder:
     def root_cause(self, requeue: int, node: str) -> Path:
         """Where a supervised agent leaves its root-cause block for the supervisor."""
         return self.failures(requeue) / f"root-cause-{node}.txt"
+
+    def hangs(self, requeue: int) -> Path:
+        """One run's hang reports and the stacks read at each hang (hpclaunch.jobdir.hangs)."""
+        return self.root / HANGS / f"requeue-{requeue}"
+
+    def progress(self, requeue: int) -> Path:
+        """One run's progress notes, one per node, each agent's own (hpclaunch.jobdir.hangs)."""
+        return self.root / PROGRESS / f"requeue-{requeue}"
+
+    @property
+    def stacks(self) -> Path:
+        """``hpclaunch stacks``' requests, and the agents' answers to them."""
+        return self.root / STACKS
 
     def root_causes(self, requeue: int) -> list[Path]:
         """One run's root-cause blocks, in name order."""

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, joblogs
+from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node import ports
+from hpclaunch.node.hangs import HangTimeout, Watch
 from hpclaunch.node.options import (
     HANDLED_SIGNALS,
     AgentOptions,
@@ -241,22 +243,17 @@ def _launch(
         ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
         settings.rdzv_backend, settings.rdzv_endpoint, logs.root_log_dir,
     )  # fmt: skip
+    watch = _hang_watch(ctx, opts, job)
     try:
         run_agent(
             LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
             worker_env=lambda attempt: _worker_env(ctx, opts, attempt),
             on_failure=_recorder(ctx, job, logs),
             monitor_wait_s=opts.monitor_interval_s, start_processes=start, sweeper=sweeper,
+            hangs=watch,
         )  # fmt: skip
     except ChildFailedError as exc:
-        block = _root_cause(exc, ctx, opts, logs.folder)
-        if opts.supervised:
-            # The supervisor prints one block for the whole job, from the right node.
-            path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
-            log.error("workers failed for good; root-cause block in %s", path)
-        else:
-            print(block, file=sys.stderr, flush=True)
-        return 1
+        return _failed_for_good(_root_cause(exc, ctx, opts, logs.folder, watch), ctx, opts, job)
     except RendezvousClosedError:
         log.error(
             "another node's agent closed the rendezvous and ended; its log says why "
@@ -275,6 +272,15 @@ def _launch(
         log.info("stopped by %s (the workers ended by themselves)", stopped.name)
         return 128 + int(stopped)
     return 0
+
+
+def _hang_watch(ctx: NodeContext, opts: AgentOptions, job: Path) -> Watch:
+    """This node's hang watch (hpclaunch.node.hangs), its files beside the node-local
+    checkpoint copies (node memory, removed with the agent)."""
+    return Watch(
+        local_checkpoints(ctx), JobFolder(job), node=ctx.hostname, node_rank=ctx.node_rank,
+        requeue=ctx.restart_count, timeout=HangTimeout.parse(opts.hang_timeout),
+    )  # fmt: skip
 
 
 def _worker_env(ctx: NodeContext, opts: AgentOptions, attempt: int) -> dict[str, str]:
@@ -312,9 +318,11 @@ def _recorder(ctx: NodeContext, job: Path, logs: RankLogs) -> OnFailure:
     (hpclaunch.node.failfast)."""
     from hpclaunch.node import failfast
 
-    def record(result: RunResult, attempt: int) -> str | None:
+    def record(result: RunResult, attempt: int, hung: Mapping[int, str]) -> str | None:
         failed = _failures(result.failures, logs.folder)
-        mine = failures.record_of(ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed)
+        mine = failures.record_of(
+            ctx.hostname, ctx.node_rank, ctx.restart_count, attempt, failed, messages=hung
+        )
         path = failures.write(job, mine)
         log.info("attempt %d failed; record in %s", attempt, path)
         return failfast.own_error(mine.workers)
@@ -336,10 +344,26 @@ def _failures(by_rank: Mapping[int, Any], folder: AttemptFolder | None) -> list[
 
 
 def _root_cause(
-    exc: Any, ctx: NodeContext, opts: AgentOptions, folder: AttemptFolder | None
+    exc: Any, ctx: NodeContext, opts: AgentOptions, folder: AttemptFolder | None, watch: Watch
 ) -> str:
-    """hpclaunch's root-cause block from torch's ChildFailedError."""
-    return joblogs.root_cause_block(
+    """hpclaunch's root-cause block from torch's ChildFailedError, after the hang report
+    when the last attempt hung."""
+    block = joblogs.root_cause_block(
         _failures(exc.failures, folder), job_id=ctx.job_id, host=ctx.hostname,
         node_rank=ctx.node_rank, command=worker_command(opts),
     )  # fmt: skip
+    hang = watch.last_report
+    return (
+        block if hang is None or hang.attempt != watch.attempt else f"{hang_block(hang)}\n{block}"
+    )
+
+
+def _failed_for_good(block: str, ctx: NodeContext, opts: AgentOptions, job: Path) -> int:
+    """The workers failed for good: the root-cause block to the supervisor (which prints
+    one for the whole job, from the right node), else printed; the exit status."""
+    if opts.supervised:
+        path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
+        log.error("workers failed for good; root-cause block in %s", path)
+    else:
+        print(block, file=sys.stderr, flush=True)
+    return 1

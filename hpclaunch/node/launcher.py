@@ -40,6 +40,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
+from hpclaunch.node.hangs import Watch
 from hpclaunch.node.recording_agent import OnFailure, RecordingAgent, StartProcesses, WorkerEnv
 from hpclaunch.node.sweep import Sweeper
 
@@ -59,14 +60,15 @@ def run_agent(
     config: LaunchConfig, entrypoint: str, args: Sequence[str], *,
     worker_env: WorkerEnv, on_failure: OnFailure | None = None,
     monitor_wait_s: float = 0.1, start_processes: StartProcesses | None = None,
-    sweeper: Sweeper | None = None,
+    sweeper: Sweeper | None = None, hangs: Watch | None = None,
 ) -> dict[int, Any]:  # fmt: skip
     """Run the workers (``entrypoint args``) under hpclaunch's agent; their return values.
 
     ``worker_env(attempt)`` is added to each worker's environment; ``on_failure(result,
     attempt)`` runs after each failed attempt; ``start_processes`` makes the workers'
     process context (None: torch's own); ``sweeper`` ends what the workers leave
-    running each time their group stops (see RecordingAgent). Raises ChildFailedError
+    running each time their group stops, ``hangs`` watches their progress (see
+    RecordingAgent). Raises ChildFailedError
     when the workers failed for good, SignalException when the agent was stopped by a
     signal, and what the rendezvous raises (RendezvousError and its kinds)."""
     params = RendezvousParameters(
@@ -89,7 +91,7 @@ def run_agent(
         spec, config.logs_specs, worker_env=worker_env,  # type: ignore[arg-type]
         signals=signals_of(config.signals_to_handle), on_failure=on_failure,
         monitor_wait_s=monitor_wait_s, start_processes=start_processes or torch_start_processes,
-        sweeper=sweeper,
+        sweeper=sweeper, hangs=hangs,
         start_method=config.start_method, shutdown_timeout=config.shutdown_timeout,
         log_line_prefix_template=config.log_line_prefix_template,
     )  # fmt: skip

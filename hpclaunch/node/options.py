@@ -37,7 +37,7 @@ from hpclaunch.job.spec import (
     EntryKind,
     WorkerStart,
 )
-from hpclaunch.job.values import NodeRange
+from hpclaunch.job.values import HANG_AUTO, NodeRange
 from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder
 
 if TYPE_CHECKING:
@@ -85,6 +85,11 @@ class AgentSettings:
     max_restarts: int = setting(
         DEFAULT_MAX_RESTARTS, "--max-restarts", Number(int, min=0),
         "In-place restarts of this node's worker group.", Script.ALWAYS,
+    )  # fmt: skip
+    hang_timeout: str = setting(
+        HANG_AUTO, "--hang-timeout", Parsed("hang_timeout"), "Seconds without training "
+        "progress after which the workers count as hung (stacks saved, restart in place); "
+        "auto: a multiple of the slowest step, with a floor; off.", Script.WHEN_SET,
     )  # fmt: skip
     grace_period_s: float = setting(
         DEFAULT_GRACE_PERIOD_S, "--grace-period", Number(float, min=0),
@@ -168,6 +173,7 @@ class AgentSettings:
             entrypoint=spec.entrypoint, args=spec.args, entry_kind=spec.entry_kind,
             nnodes=spec.nodes, nproc_per_node=spec.effective_nproc_per_node, rdzv=spec.rdzv.name,
             max_restarts=spec.max_restarts, grace_period_s=spec.agent_grace_s,
+            hang_timeout=spec.hang_timeout,
             node_multiple=spec.node_multiple, master_port=spec.master_port, supervised=supervised,
             no_kill=spec.no_kill,
             etcd_endpoints=spec.etcd_endpoints, etcd_sidecar=spec.etcd_sidecar,

@@ -215,6 +215,24 @@ def kill(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
 
 
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """``sig`` to the process group ``pid`` leads (a worker: torch starts each in a
+    session of its own), else to ``pid`` alone; nothing when it is gone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def state(pid: int) -> str:
+    """The state letter /proc gives ``pid`` (R, S, D, T: stopped, t, Z); "" when gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else ""
+
+
 def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
     """Wait until none of ``pids`` is alive (zombies count as gone); return the survivors."""
     tracked = [t for t in (_tracked_or_none(p) for p in pids) if t is not None]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import threading
 import time
@@ -34,6 +33,8 @@ from torch.distributed.elastic.multiprocessing import start_processes as torch_s
 from torch.distributed.elastic.utils.api import macros
 
 from hpclaunch.node import failfast, procs, stop_notes
+from hpclaunch.node.hangs import Watch
+from hpclaunch.node.pidfds import Pidfds
 from hpclaunch.node.sweep import Sweeper
 from hpclaunch.node.worker_env import lightning_size, slurm_task_view
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
@@ -51,12 +52,16 @@ SIGNALS_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 StartProcesses = Callable[..., PContext]
 # Called with the attempt's number: hpclaunch's part of that attempt's worker environment.
 WorkerEnv = Callable[[int], Mapping[str, str]]
-# Called with the failed attempt's result and the attempt's number; returns the one error
-# every worker of the node failed with by itself, if so (hpclaunch.node.failfast).
-OnFailure = Callable[[RunResult, int], str | None]
+# Called with the failed attempt's result, the attempt's number, and the messages of the
+# ranks the hang watch stopped (rank -> message; empty when none hung); returns the one
+# error every worker of the node failed with by itself, if so (hpclaunch.node.failfast).
+OnFailure = Callable[[RunResult, int, Mapping[int, str]], str | None]
 # After a worker failed, how long the node's other workers get to fail by themselves
 # before they are stopped: a bug fails every worker at about the same point.
 SETTLE_S = 0.5
+# A node whose ranks hang first this many times is not restarted in place again: the
+# step fails, and the supervisor requeues the job without it (a bad node).
+HANGS_TO_BAD_NODE = 2
 
 
 class RecordingAgent(LocalElasticAgent):
@@ -66,14 +71,16 @@ class RecordingAgent(LocalElasticAgent):
     exit). ``worker_env(attempt)`` is added to every worker's environment; ``start_processes``
     makes the workers' process context; ``signals`` stop the workers, as torch's
     ``signals_to_handle``; ``sweeper`` ends what the workers left running each time
-    the group stops, and reaps what ended by itself (hpclaunch.node.sweep)."""
+    the group stops, and reaps what ended by itself (hpclaunch.node.sweep); ``hangs``
+    watches the workers' progress (hpclaunch.node.hangs): a hang ends the workers
+    and fails the attempt, as a crash would."""
 
     def __init__(
         self, spec: WorkerSpec, logs_specs: LogsSpecs, *,
         worker_env: WorkerEnv, signals: Iterable[signal.Signals],
         on_failure: OnFailure | None = None, monitor_wait_s: float = 0.1,
         start_processes: StartProcesses = torch_start_processes,
-        sweeper: Sweeper | None = None, **torch_options: Any,
+        sweeper: Sweeper | None = None, hangs: Watch | None = None, **torch_options: Any,
     ) -> None:  # fmt: skip
         super().__init__(spec, logs_specs, **torch_options)
         self._worker_env = worker_env
@@ -82,18 +89,25 @@ class RecordingAgent(LocalElasticAgent):
         self._monitor_wait_s = monitor_wait_s
         self._start_processes = start_processes
         self._sweeper = sweeper
-        self._pidfds = _Pidfds()
+        self._pidfds = Pidfds()
+        self._hangs = hangs
+        self._hung: dict[int, str] = {}  # rank -> message, in an attempt the watch stopped
+        self._hung_first = 0  # attempts whose hang this node's ranks began
         self.attempt = 0  # the job-wide attempt the workers run in (see _start_workers)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_exit(self._monitor_wait_s)
         if self._sweeper is not None:
             self._sweeper.reap(owned=self._worker_pids())
-        self._settle()
+        self._hung = self._end_a_hang()
+        if not self._hung:
+            self._settle()
         result: RunResult = super()._monitor_workers(worker_group)
+        if self._hung and result.is_failed():
+            self._count_hang()
         if result.is_failed() and self._on_failure is not None:
             try:
-                error = self._on_failure(result, self.attempt)
+                error = self._on_failure(result, self.attempt, self._hung)
             except SignalException:
                 raise  # a stop: torch's run() must see it
             except Exception:  # a record is worth less than the job: log and go on
@@ -106,6 +120,38 @@ class RecordingAgent(LocalElasticAgent):
                           self.attempt, error)  # fmt: skip
                 self._remaining_restarts = 0
         return result
+
+    def _end_a_hang(self) -> dict[int, str]:
+        """When the hang watch finds the workers hung: their stacks and the report in the
+        job folder, then every worker killed (a hung rank cannot save anything); the
+        failure record's message of each rank. Empty while they progress."""
+        if self._hangs is None or self._pcontext is None:
+            return {}
+        ended = self._exit_codes()
+        pids = {rank: pid for rank, pid in self._pcontext.pids().items() if rank not in ended}
+        hang = self._hangs.check(pids)
+        if hang is None:
+            return {}
+        log.error("the workers hung: %s; reading their stacks, then restarting them", hang.reason)
+        report = self._hangs.diagnose(hang)
+        log.error("hang report in %s (named: %s, %s)", report.stacks,
+                  ",".join(map(str, report.culprits)) or "none", report.how)  # fmt: skip
+        for pid in pids.values():
+            procs.kill_group(pid, signal.SIGKILL)
+        self._workers_ended(LOST_PEER_GRACE_S)
+        return report.messages()
+
+    def _count_hang(self) -> None:
+        """The second hang that this node's ranks began: no more in-place restarts."""
+        report = self._hangs.last_report if self._hangs is not None else None
+        if report is None or not report.culprits:
+            return
+        self._hung_first += 1
+        if self._hung_first >= HANGS_TO_BAD_NODE and self._remaining_restarts > 0:
+            log.error("ranks of this node hung first %d times: not restarting them here again; "
+                      "the job is requeued without this node where the supervisor can",
+                      self._hung_first)  # fmt: skip
+            self._remaining_restarts = 0
 
     def _same_everywhere(self, group: WorkerGroup, error: str) -> bool:
         """Whether every node's workers failed with ``error`` in this attempt: each node
@@ -268,6 +314,10 @@ class RecordingAgent(LocalElasticAgent):
         args: dict[int, tuple[Any, ...]] = {}
         prefixes: dict[int, str] | None = {} if self._log_line_prefix_template else None
         node_ranks = [worker.global_rank for worker in worker_group.workers]
+        if self._hangs is not None:
+            self._hangs.begin(
+                self.attempt, {w.local_rank: w.global_rank for w in worker_group.workers}
+            )
         for worker in worker_group.workers:
             local_rank = worker.local_rank
             env: dict[str, str | None] = {
@@ -307,6 +357,8 @@ class RecordingAgent(LocalElasticAgent):
                     role_name=spec.role, rank=worker.global_rank, local_rank=local_rank
                 )
             envs[local_rank] = {**cast(dict[str, str], env), **ours}
+            if self._hangs is not None:
+                envs[local_rank].update(self._hangs.worker_env(self.attempt, local_rank))
             args[local_rank] = tuple(macros.substitute(list(spec.args), str(local_rank)))
         return envs, args, prefixes
 
@@ -334,46 +386,3 @@ def _raise_signal(signum: int, frame: Any) -> None:
     sigval = signal.Signals(signum)
     _received.append(sigval)
     raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
-
-
-class _Pidfds:
-    """A pidfd for each worker of the current process context, to wait on their exits."""
-
-    def __init__(self) -> None:
-        self._context: object = None
-        self._fds: dict[int, int] = {}  # pid -> pidfd, or -1 once it exited
-
-    def follow(self, context: object, pids: set[int]) -> None:
-        """Watch ``pids`` of ``context``; a new context (a restart) starts afresh, so a
-        pid used again by a new worker is watched again."""
-        if context is not self._context:
-            self.close()
-            self._context = context
-        for pid in set(self._fds) - pids:
-            self._close(pid)
-        for pid in pids - set(self._fds):
-            try:
-                self._fds[pid] = os.pidfd_open(pid)
-            except OSError:  # gone already, or no pidfds here: the look after sees it
-                self._fds[pid] = -1
-
-    def wait(self, timeout: float) -> None:
-        waiting = {fd: pid for pid, fd in self._fds.items() if fd >= 0}
-        if not waiting:
-            time.sleep(timeout)
-            return
-        poller = select.poll()  # not select.select: the agent's fds may pass 1024
-        for fd in waiting:
-            poller.register(fd, select.POLLIN)
-        for fd, _ in poller.poll(timeout * 1000):
-            os.close(fd)  # exited: not waited for again
-            self._fds[waiting[fd]] = -1
-
-    def close(self) -> None:
-        for pid in list(self._fds):
-            self._close(pid)
-
-    def _close(self, pid: int) -> None:
-        fd = self._fds.pop(pid)
-        if fd >= 0:
-            os.close(fd)

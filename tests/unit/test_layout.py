@@ -29,6 +29,8 @@ ENVIRON_WRITERS = {
     ("node/warmstart/preload.py", "import_torch_single_threaded"),
     # The local node stands in for the batch script: its exports, before the agent starts.
     ("executor/local_node.py", "main"),
+    # A fresh worker's boot gives the script the PYTHONPATH it was meant to have.
+    ("node/progress_boot/sitecustomize.py", "_boot"),
 }
 
 

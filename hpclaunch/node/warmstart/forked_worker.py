@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpclaunch import progress
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 
@@ -189,11 +191,13 @@ def become_worker(
     os.chdir(start.cwd)
     os.environ.clear()
     os.environ.update(start.env)
+    progress.unboot(os.environ)  # a fresh python would have taken the boot out of it
     _redirect(start.stdout, 1)
     _redirect(start.stderr, 2)
     sys.stdout = sys.__stdout__ = _stream(1, "strict")  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")  # type: ignore[misc]
     _reset_interpreter(start.env)
+    progress.install(os.environ)
     kind, target, tail = parse_python_args(start.python_args)
     return _run_main(kind, target, tail)
 

@@ -1,0 +1,265 @@
+"""What the agents write into the job folder about hangs and progress, and what the
+login node and the supervisor read back. No torch.
+
+    hangs/requeue-Q/attempt-A-node-HOST.json    a node's hang report (``HangReport``)
+    hangs/requeue-Q/attempt-A-node-HOST.txt     its ranks' stacks at the hang
+    progress/requeue-Q/node-HOST.json           a node's progress note (``NodeProgress``)
+    stacks/request-ID                           ``hpclaunch stacks`` asks ...
+    stacks/ID/node-HOST.txt                     ... and each node's agent answers
+
+A node's agent sees only its own ranks; the rank the job's hang began with is the one
+a node names with evidence of its own (stopped, or not waiting in a collective while
+the others do), else the one whose progress ended first (``first_hung``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpclaunch.jobdir.atomic import write_bytes_atomic
+from hpclaunch.jobdir.layout import JobFolder
+
+
+@dataclass(frozen=True)
+class RankAtHang:
+    rank: int
+    local_rank: int
+    pid: int
+    state: str  # the process state /proc gives: R, S, D, T (stopped), Z
+    step: int | None  # its last step (None: no progress reported)
+    idle_s: float | None  # seconds since its last progress
+    waiting: bool | None  # in a collective (from its stack); None: no stack
+    where: str  # its innermost frame of its own, from the stack
+
+
+@dataclass(frozen=True)
+class HangReport:
+    node: str
+    node_rank: int
+    requeue: int
+    attempt: int
+    time: float  # when it was found (wall clock)
+    reason: str  # what was seen: no progress, or a stopped worker
+    limit_s: float  # the hang timeout in force
+    ranks: tuple[RankAtHang, ...]
+    culprits: tuple[int, ...]  # the ranks this node names, with its evidence
+    how: str  # that evidence, in words
+    stacks: str  # the stacks file
+
+    def messages(self) -> dict[int, str]:
+        """rank -> the failure record's message for it (hpclaunch.jobdir.failures)."""
+        from hpclaunch.jobdir.failures import HUNG, WAITED_FOR_HANG
+
+        out = {}
+        for seen in self.ranks:
+            if seen.rank in self.culprits:
+                step = f" after step {seen.step}" if seen.step is not None else ""
+                out[seen.rank] = f"{HUNG} {self.reason}{step}; {self.how}"
+            else:
+                out[seen.rank] = f"{WAITED_FOR_HANG} {self.reason}"
+        return out
+
+
+def report_path(job: JobFolder, requeue: int, attempt: int, node: str, suffix: str) -> Path:
+    return job.hangs(requeue) / f"attempt-{attempt}-node-{node}.{suffix}"
+
+
+def write_report(job: JobFolder, report: HangReport) -> Path:
+    """Write ``report`` atomically; its path. Raises OSError."""
+    path = report_path(job, report.requeue, report.attempt, report.node, "json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, (json.dumps(asdict(report), indent=2) + "\n").encode())
+    return path
+
+
+def read_reports(job: JobFolder, requeue: int | None = None) -> list[HangReport]:
+    """The hang reports of one run (``requeue``) or of every run, oldest first;
+    unreadable ones are skipped."""
+    pattern = f"requeue-{requeue}" if requeue is not None else "requeue-*"
+    out = []
+    for path in (job.root / "hangs").glob(f"{pattern}/attempt-*-node-*.json"):
+        try:
+            data = json.loads(path.read_text())
+            data["ranks"] = tuple(RankAtHang(**r) for r in data["ranks"])
+            data["culprits"] = tuple(data["culprits"])
+            out.append(HangReport(**data))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return sorted(out, key=lambda r: (r.requeue, r.attempt, r.time))
+
+
+@dataclass(frozen=True)
+class FirstHung:
+    """The rank a hang of one attempt began with, as the nodes' reports tell it."""
+
+    requeue: int
+    attempt: int
+    rank: int | None  # None: no report names one, and no progress tells
+    node: str
+    step: int | None
+    idle_s: float | None
+    how: str
+    waiting: int  # ranks seen waiting in a collective, on every node
+    stacks: tuple[str, ...]
+
+
+def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
+    """For each (requeue, attempt) among ``reports``: the rank it began with. Pure."""
+    by_attempt: dict[tuple[int, int], list[HangReport]] = {}
+    for report in reports:
+        by_attempt.setdefault((report.requeue, report.attempt), []).append(report)
+    out = []
+    for (requeue, attempt), some in sorted(by_attempt.items()):
+        seen = [(r, s) for r in some for s in r.ranks]
+        named = [(r, s) for r, s in seen if s.rank in r.culprits]
+        # Without a node's own evidence: the rank idle longest stopped first.
+        pool = named or [(r, s) for r, s in seen if s.idle_s is not None]
+        stacks = tuple(r.stacks for r in some)
+        waiting = sum(1 for _, s in seen if s.waiting)
+        if not pool:
+            out.append(FirstHung(requeue, attempt, None, "", None, None, some[0].reason,
+                                 waiting, stacks))  # fmt: skip
+            continue
+        report, rank = max(pool, key=lambda rs: (rs[1].idle_s or 0.0, -rs[1].rank))
+        how = report.how if named else "its progress ended first"
+        out.append(FirstHung(requeue, attempt, rank.rank, report.node, rank.step, rank.idle_s,
+                             how, waiting, stacks))  # fmt: skip
+    return out
+
+
+def describe(hung: FirstHung) -> str:
+    """One line for status and the batch log."""
+    if hung.rank is None:
+        return f"attempt {hung.attempt}: {hung.how}; no rank named (stacks: {hung.stacks[0]})"
+    step = f" after step {hung.step}" if hung.step is not None else ""
+    idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
+    return (
+        f"attempt {hung.attempt}: rank {hung.rank} on {hung.node} hung{step}{idle} "
+        f"({hung.how}); {hung.waiting} ranks waited in a collective; stacks in "
+        + ", ".join(hung.stacks)
+    )
+
+
+def hang_block(report: HangReport) -> str:
+    """The lines a node's root-cause block begins with when its workers hung."""
+    named = ",".join(map(str, report.culprits)) or "none"
+    lines = [f"hang on {report.node} (attempt {report.attempt}): {report.reason}",
+             f"  ranks named: {named} ({report.how})"]  # fmt: skip
+    for seen in report.ranks:
+        state = "stopped" if seen.state == "T" else "waiting" if seen.waiting else "running"
+        step = seen.step if seen.step is not None else "-"
+        lines.append(f"  rank {seen.rank}: {state}, step {step}, at {seen.where or '?'}")
+    lines.append(f"  stacks: {report.stacks}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    rank: int
+    step: int
+    steps_per_s: float | None
+    slowest_s: float  # the longest time between two of its steps
+    idle_s: float  # since its last step, when the note was written
+
+
+@dataclass(frozen=True)
+class NodeProgress:
+    node: str
+    attempt: int
+    time: float  # when the note was written (wall clock)
+    ranks: tuple[RankProgress, ...] = field(default=())
+
+
+def write_progress(job: JobFolder, requeue: int, note: NodeProgress) -> None:
+    """Replace the node's progress note. Raises OSError."""
+    path = job.progress(requeue) / f"node-{note.node}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, (json.dumps(asdict(note)) + "\n").encode())
+
+
+def read_progress(job: JobFolder, requeue: int) -> list[NodeProgress]:
+    out = []
+    for path in sorted(job.progress(requeue).glob("node-*.json")):
+        try:
+            data = json.loads(path.read_text())
+            data["ranks"] = tuple(RankProgress(**r) for r in data["ranks"])
+            out.append(NodeProgress(**data))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def progress_line(notes: Sequence[NodeProgress], now: float | None = None) -> str | None:
+    """ "step S, R steps/s; slowest node N (x s/step, the others y)" from the nodes'
+    notes of the latest attempt; None without progress. Pure but for the clock."""
+    if not notes:
+        return None
+    attempt = max(n.attempt for n in notes)
+    latest = [n for n in notes if n.attempt == attempt and n.ranks]
+    if not latest:
+        return None
+    now = time.time() if now is None else now
+    step = min(r.step for n in latest for r in n.ranks)
+    rates = {n.node: min((r.steps_per_s for r in n.ranks if r.steps_per_s), default=None)
+             for n in latest}  # fmt: skip
+    known = {node: rate for node, rate in rates.items() if rate}
+    age = now - max(n.time for n in latest)
+    text = f"step {step} (attempt {attempt}, noted {age:.0f} s ago)"
+    if known:
+        slowest = min(known, key=lambda node: known[node])
+        text += f", {known[slowest]:.2f} steps/s"
+        others = [rate for node, rate in known.items() if node != slowest]
+        if others:
+            text += (f"; slowest node {slowest} ({1 / known[slowest]:.3f} s/step, the others "
+                     f"{1 / max(others):.3f})")  # fmt: skip
+    return text
+
+
+def request_stacks(job: JobFolder) -> str:
+    """Ask the agents of a running job for their ranks' stacks; the request's id."""
+    folder = job.stacks
+    folder.mkdir(parents=True, exist_ok=True)
+    request = f"{time.time_ns():x}"
+    write_bytes_atomic(folder / f"request-{request}", b"")
+    return request
+
+
+def open_requests(job: JobFolder, node: str) -> list[str]:
+    """The requests ``node`` has not answered yet."""
+    try:
+        names = [p.name for p in job.stacks.iterdir()]
+    except OSError:
+        return []
+    asked = [n.removeprefix("request-") for n in names if n.startswith("request-")]
+    return [r for r in asked if not answer_path(job, r, node).exists()]
+
+
+def answer_path(job: JobFolder, request: str, node: str) -> Path:
+    return job.stacks / request / f"node-{node}.txt"
+
+
+def write_answer(job: JobFolder, request: str, node: str, stacks: Mapping[int, str]) -> None:
+    """The stacks of ``node``'s ranks (rank -> text), for request ``request``."""
+    path = answer_path(job, request, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, sections(stacks).encode())
+
+
+def sections(stacks: Mapping[int, str]) -> str:
+    """rank -> text as one file: a header line per rank. ``from_sections`` reads it."""
+    return "".join(f"=== rank {rank}\n{text.rstrip()}\n" for rank, text in sorted(stacks.items()))
+
+
+def from_sections(text: str) -> dict[int, str]:
+    out: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("=== rank ") and line[9:].strip().isdigit():
+            current = out.setdefault(int(line[9:].strip()), [])
+        elif current is not None:
+            current.append(line)
+    return {rank: "\n".join(lines) for rank, lines in out.items()}

@@ -1,0 +1,253 @@
+"""A node's hang watch, run by its agent between its looks at the workers. No torch.
+
+Each worker reports its progress into a file in node memory (hpclaunch.progress); the
+watch reads those files at most every CHECK_S and finds a hang (``judge``) when none of
+its ranks made progress for the hang timeout, or one of its workers has been stopped
+(SIGSTOP) that long. The timeout (``HangTimeout``) is off until the first step is seen;
+by default it is then MULTIPLE times the slowest step seen so far, and never less than
+FLOOR_S: long enough for an evaluation loop or a checkpoint save between two steps. In
+a job whose ranks step together, one rank that stops stops every rank within a step, so
+each node sees the hang by itself, and no node sends anything per step.
+
+At a hang the watch reads every rank's stack (hpclaunch.node.stacks), names the rank
+this node has evidence against (stopped, or not waiting in a collective while others
+are), and writes its report and the stacks into the job folder (hpclaunch.jobdir.hangs);
+the agent then ends the workers, and the group restarts as after a crash. The watch
+also answers ``hpclaunch stacks`` and writes the node's progress note for status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpclaunch import progress
+from hpclaunch.job.values import HANG_AUTO, HANG_OFF, parse_hang_timeout
+from hpclaunch.jobdir import hangs as reports
+from hpclaunch.jobdir.hangs import HangReport, RankAtHang
+from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.node import procs, stacks
+
+log = logging.getLogger(__name__)
+
+FLOOR_S = 300.0  # the shortest automatic timeout
+MULTIPLE = 10.0  # the automatic timeout: this many times the slowest step seen
+CHECK_S = 0.5  # between two reads of the progress files
+NOTE_S = 10.0  # between two progress notes in the job folder
+REQUESTS_S = 2.0  # between two looks for `hpclaunch stacks` requests
+
+
+@dataclass(frozen=True)
+class HangTimeout:
+    """``--hang-timeout``: "auto", "off", or seconds."""
+
+    seconds: float | None = None  # None: automatic
+    off: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> HangTimeout:
+        """From ``--hang-timeout``'s text. Raises SpecError naming the value."""
+        value = parse_hang_timeout(text)
+        if value == HANG_AUTO:
+            return cls()
+        return cls(off=True) if value == HANG_OFF else cls(float(value))
+
+    def limit(self, slowest_step_s: float) -> float | None:
+        """The seconds without progress that make a hang; None when off."""
+        if self.off:
+            return None
+        if self.seconds is not None:
+            return self.seconds
+        return max(FLOOR_S, MULTIPLE * slowest_step_s)
+
+    def __str__(self) -> str:
+        return HANG_OFF if self.off else HANG_AUTO if self.seconds is None else f"{self.seconds:g}"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One worker as the watch saw it."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    state: str  # from /proc: "T" is stopped
+    progress: progress.Progress | None
+    stopped_s: float  # how long it has been seen stopped (0: not stopped)
+
+
+@dataclass(frozen=True)
+class Hang:
+    reason: str
+    limit_s: float
+    seen: tuple[Seen, ...]
+
+
+def judge(seen: Sequence[Seen], now: float, timeout: HangTimeout) -> Hang | None:
+    """A hang among one node's workers, seen at ``now`` (CLOCK_MONOTONIC); None while
+    they progress, before the first step, or with the timeout off. Pure."""
+    reported = [s.progress for s in seen if s.progress is not None and s.progress.count > 0]
+    limit = timeout.limit(max((p.slowest for p in reported), default=0.0))
+    if limit is None:
+        return None
+    stopped = [s for s in seen if s.stopped_s >= limit]
+    if stopped:
+        names = ", ".join(f"rank {s.rank}" for s in stopped)
+        return Hang(f"{names} stopped (SIGSTOP) for {stopped[0].stopped_s:.0f} s", limit,
+                    tuple(seen))  # fmt: skip
+    if not reported:
+        return None
+    idle = now - max(p.last for p in reported)
+    if idle < limit:
+        return None
+    return Hang(f"no progress for {idle:.0f} s (limit {limit:g} s)", limit, tuple(seen))
+
+
+def evidence(
+    seen: Sequence[Seen], waiting: Mapping[int, bool | None]
+) -> tuple[tuple[int, ...], str]:
+    """The ranks among ``seen`` that this node has evidence hung first, and that evidence:
+    its stopped workers, else those whose stack is not in a collective (``waiting``:
+    rank -> whether it is; None: no stack). Pure."""
+    stopped = tuple(s.rank for s in seen if s.state == "T")
+    if stopped:
+        return stopped, "stopped by a signal (SIGSTOP or a debugger)"
+    outside = tuple(s.rank for s in seen if waiting.get(s.rank) is False)
+    if outside:
+        return outside, "not waiting in a collective"
+    return (), "no rank here was outside a collective"
+
+
+class Watch:
+    """One node's hang watch over the workers of each attempt (see the module)."""
+
+    def __init__(
+        self, local: Path, job: JobFolder, *, node: str, node_rank: int, requeue: int,
+        timeout: HangTimeout, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self._local, self._job, self._timeout, self._clock = local, job, timeout, clock
+        self.node, self.node_rank, self.requeue = node, node_rank, requeue
+        self.attempt = 0
+        self._ranks: dict[int, int] = {}  # local rank -> global rank
+        self._stopped_since: dict[int, float] = {}
+        self._next_check = self._next_note = self._next_requests = 0.0
+        self.last_report: HangReport | None = None
+
+    def folder(self, attempt: int) -> Path:
+        return self._local / "progress" / f"attempt-{attempt}"
+
+    def worker_env(self, attempt: int, local_rank: int) -> dict[str, str]:
+        """The progress and stack files of one worker of ``attempt``, and the boot that
+        installs the reporting in a fresh python (hpclaunch.progress.boot_env)."""
+        folder = self.folder(attempt)
+        return {
+            progress.PROGRESS_FILE: str(folder / f"local-{local_rank}.progress"),
+            progress.STACKS_FILE: str(folder / f"local-{local_rank}.stacks"),
+            **progress.boot_env(os.environ),
+        }
+
+    def begin(self, attempt: int, ranks: Mapping[int, int]) -> None:
+        """A new attempt's workers (local rank -> global rank) are about to start."""
+        self.attempt, self._ranks = attempt, dict(ranks)
+        self._stopped_since.clear()
+        self.folder(attempt).mkdir(parents=True, exist_ok=True)
+
+    def check(self, pids: Mapping[int, int]) -> Hang | None:
+        """Look at the workers (local rank -> pid) if CHECK_S has passed: a hang, or None.
+        Also answers stack requests and writes the progress note when they are due."""
+        now = self._clock()
+        if now < self._next_check or not pids:
+            return None
+        self._next_check = now + CHECK_S
+        seen = self._see(pids, now)
+        if now >= self._next_requests:
+            self._next_requests = now + REQUESTS_S
+            self._answer_requests(seen)
+        if now >= self._next_note:
+            self._next_note = now + NOTE_S
+            self._note(seen, now)
+        return judge(seen, now, self._timeout)
+
+    def _see(self, pids: Mapping[int, int], now: float) -> list[Seen]:
+        folder = self.folder(self.attempt)
+        seen = []
+        for local_rank, pid in sorted(pids.items()):
+            state = procs.state(pid)
+            if state == "T":
+                self._stopped_since.setdefault(local_rank, now)
+            else:
+                self._stopped_since.pop(local_rank, None)
+            since = self._stopped_since.get(local_rank)
+            seen.append(Seen(
+                self._ranks.get(local_rank, local_rank), local_rank, pid, state,
+                progress.read(str(folder / f"local-{local_rank}.progress")),
+                now - since if since is not None else 0.0,
+            ))  # fmt: skip
+        return seen
+
+    def read_stacks(self, seen: Sequence[Seen]) -> dict[int, str]:
+        """rank -> its stack text, now."""
+        folder = self.folder(self.attempt)
+        handlers = {
+            s.rank: str(folder / f"local-{s.local_rank}.stacks")
+            for s in seen if s.progress is not None and s.progress.stacks_on_signal
+        }  # fmt: skip
+        stopped = {s.rank for s in seen if s.state == "T"}
+        return stacks.read({s.rank: s.pid for s in seen}, stopped, handlers)
+
+    def diagnose(self, hang: Hang) -> HangReport:
+        """The stacks of every rank, the ranks named, the report and stacks written into
+        the job folder (a folder that cannot be written is logged, not raised)."""
+        now = self._clock()
+        text = self.read_stacks(hang.seen)
+        parsed = {rank: stacks.parse(t) for rank, t in text.items()}
+        waiting = {rank: stacks.waiting(threads) for rank, threads in parsed.items()}
+        culprits, how = evidence(hang.seen, waiting)
+        stacks_file = reports.report_path(self._job, self.requeue, self.attempt, self.node, "txt")
+        ranks = tuple(
+            RankAtHang(
+                s.rank, s.local_rank, s.pid, s.state,
+                s.progress.step if s.progress and s.progress.count else None,
+                round(now - s.progress.last, 1) if s.progress and s.progress.count else None,
+                waiting.get(s.rank), stacks.where(parsed.get(s.rank, [])),
+            )
+            for s in hang.seen
+        )  # fmt: skip
+        if culprits and how.startswith("not waiting"):
+            how = f"{how}; at {ranks[[r.rank for r in ranks].index(culprits[0])].where}"
+        report = HangReport(self.node, self.node_rank, self.requeue, self.attempt, time.time(),
+                            hang.reason, hang.limit_s, ranks, culprits, how,
+                            str(stacks_file))  # fmt: skip
+        try:
+            stacks_file.parent.mkdir(parents=True, exist_ok=True)
+            stacks_file.write_text(reports.sections(text))
+            reports.write_report(self._job, report)
+        except OSError as exc:
+            log.warning("could not write the hang report into %s: %s", stacks_file.parent, exc)
+        self.last_report = report
+        return report
+
+    def _answer_requests(self, seen: Sequence[Seen]) -> None:
+        for request in reports.open_requests(self._job, self.node):
+            try:
+                reports.write_answer(self._job, request, self.node, self.read_stacks(seen))
+            except OSError as exc:
+                log.warning("could not answer the stacks request %s: %s", request, exc)
+
+    def _note(self, seen: Sequence[Seen], now: float) -> None:
+        ranks = tuple(
+            reports.RankProgress(s.rank, s.progress.step, s.progress.steps_per_s,
+                                 round(s.progress.slowest, 3), round(now - s.progress.last, 1))
+            for s in seen if s.progress is not None and s.progress.count
+        )  # fmt: skip
+        if not ranks:
+            return
+        note = reports.NodeProgress(self.node, self.attempt, time.time(), ranks)
+        try:
+            reports.write_progress(self._job, self.requeue, note)
+        except OSError as exc:
+            log.debug("could not write the progress note: %s", exc)
