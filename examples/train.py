@@ -17,6 +17,10 @@ Faults to try the machinery with:
   --crash-rank R --crash-at S   rank R exits 3 at step S, on the job's first attempt only
   --fail-at S                   every rank raises at step S (a bug in the script)
   --bad-node NAME               workers on node NAME exit 4 at their first step (a bad GPU)
+  --hang-rank R --hang-at S     rank R hangs at step S, on the job's first attempt only:
+      --hang-how stop           it stops itself (SIGSTOP), as a wedged process
+      --hang-how sleep          it sleeps forever inside the loop; the others wait for it
+  --hang-node NAME --hang-at S  the first worker on node NAME sleeps at step S, every time
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -70,6 +75,10 @@ def main() -> None:
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--bad-node", default=None)
+    parser.add_argument("--hang-rank", type=int, default=None)
+    parser.add_argument("--hang-at", type=int, default=None)
+    parser.add_argument("--hang-how", choices=("stop", "sleep"), default="stop")
+    parser.add_argument("--hang-node", default=None)
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
@@ -107,6 +116,8 @@ def main() -> None:
             sys.exit(3)
         if step == args.fail_at:
             raise ValueError(f"bad value at step {step}")
+        if step == args.hang_at and hangs_here(args, rank, node, first_attempt):
+            hang(args.hang_how, rank, step)
         x, y = batch(step, rank, world)
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -139,6 +150,24 @@ def main() -> None:
             with open(args.result, "w") as handle:
                 json.dump(result, handle)
     end()
+
+
+def hangs_here(args: argparse.Namespace, rank: int, node: str, first_attempt: bool) -> bool:
+    """Whether this rank is the one to hang (see --hang-rank and --hang-node)."""
+    if args.hang_node is not None:
+        return node == args.hang_node and os.environ.get("LOCAL_RANK") == "0"
+    return rank == args.hang_rank and first_attempt
+
+
+def hang(how: str, rank: int, step: int) -> None:
+    """Hang for good: stopped by SIGSTOP, or asleep in this loop (hpclaunch's hang
+    detector ends it; without one the others wait in their all_reduce)."""
+    sys.stderr.write(f"HANG {json.dumps({'rank': rank, 'step': step, 'time': time.time()})}\n")
+    sys.stderr.flush()
+    if how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    while True:
+        time.sleep(3600)
 
 
 def end() -> None:

@@ -61,8 +61,8 @@ def stack_signal() -> int:
 class Progress:
     """One worker's progress as its file says. Times are CLOCK_MONOTONIC seconds."""
 
-    count: int
-    step: int  # the script's own step number, else the count
+    count: int  # progress reports in this attempt
+    step: int  # steps done: counted on from a resumed checkpoint's, or the script's own
     first: float
     last: float
     slowest: float  # the longest interval between two progress reports; 0 before two
@@ -85,6 +85,7 @@ class _Board:
         finally:
             os.close(fd)
         self.flags = 0
+        self.base = 0  # the steps done before this attempt (see resumed_from)
         self.count = 0
         self.step = -1
         self.first = self.last = self.slowest = 0.0
@@ -104,7 +105,7 @@ class _Board:
             self.first = now
         self.count += 1
         self.last = now
-        self.step = self.count if step is None else step
+        self.step = self.base + self.count if step is None else step
         _LAYOUT.pack_into(self._map, 0, _MAGIC, self.flags, self.count, self.step,
                           self.first, now, self.slowest)  # fmt: skip
 
@@ -120,6 +121,14 @@ def beat(step: int | None = None) -> None:
     board = _board if _opened else _open(os.environ)
     if board is not None:
         board.beat(step)
+
+
+def resumed_from(step: int) -> None:
+    """The script resumed from the checkpoint of ``step`` (hpclaunch.checkpoint calls
+    this): the steps counted go on from there, as the script's own numbers do."""
+    board = _board if _opened else _open(os.environ)
+    if board is not None:
+        board.base = step + 1 - board.count
 
 
 def _open(env: Mapping[str, str]) -> _Board | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpclaunch import progress
 from hpclaunch.checkpoint import local, saving, store
 from hpclaunch.checkpoint.group import Ranks
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
@@ -84,6 +85,7 @@ def load_latest(
         failed_on = ranks.first_true(error is not None)
         if failed_on is None:
             _set_aside(failed, chosen, ranks)
+            progress.resumed_from(step)
             return Loaded(step, state, chosen.path)
         if error is not None:
             _say(f"{chosen.path} cannot be loaded on rank {ranks.rank} ({store.reason_of(error)})")

@@ -47,6 +47,10 @@ def render_status(status: JobStatus) -> str:
     lines += _last_checkpoint(status)
     if status.last_save:
         lines.append(f"  last save:       {status.last_save}")
+    if status.progress:
+        lines.append(f"  progress:        {status.progress}")
+    for hang in status.hangs:
+        lines.append(f"  hang:            {hang}")
     for run in status.runs:
         nodes = compress(run.nodes) if run.nodes else "-"
         how = f"{run.reason} -> {run.action}" if run.reason else "running"

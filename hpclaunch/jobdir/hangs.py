@@ -57,7 +57,7 @@ class HangReport:
         out = {}
         for seen in self.ranks:
             if seen.rank in self.culprits:
-                step = f" after step {seen.step}" if seen.step is not None else ""
+                step = f" at step {seen.step}" if seen.step is not None else ""
                 out[seen.rank] = f"{HUNG} {self.reason}{step}; {self.how}"
             else:
                 out[seen.rank] = f"{WAITED_FOR_HANG} {self.reason}"
@@ -133,15 +133,23 @@ def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
 
 def describe(hung: FirstHung) -> str:
     """One line for status and the batch log."""
+    when = f"run {hung.requeue}, " if hung.requeue else ""
     if hung.rank is None:
-        return f"attempt {hung.attempt}: {hung.how}; no rank named (stacks: {hung.stacks[0]})"
-    step = f" after step {hung.step}" if hung.step is not None else ""
+        return f"{when}attempt {hung.attempt}: {hung.how}; no rank named (stacks: {hung.stacks[0]})"
+    step = f" at step {hung.step}" if hung.step is not None else ""
     idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
     return (
-        f"attempt {hung.attempt}: rank {hung.rank} on {hung.node} hung{step}{idle} "
-        f"({hung.how}); {hung.waiting} ranks waited in a collective; stacks in "
-        + ", ".join(hung.stacks)
+        f"{when}attempt {hung.attempt}: rank {hung.rank} on {hung.node} hung{step}{idle} "
+        f"({hung.how}); {hung.waiting} ranks waited in a collective; stacks: {_files(hung.stacks)}"
     )
+
+
+def _files(paths: Sequence[str]) -> str:
+    """One path, or the nodes' paths as one glob (they differ in the node name only)."""
+    if len(paths) == 1:
+        return paths[0]
+    first = Path(paths[0])
+    return str(first.with_name(first.name.split("-node-")[0] + "-node-*" + first.suffix))
 
 
 def hang_block(report: HangReport) -> str:
@@ -193,6 +201,10 @@ def read_progress(job: JobFolder, requeue: int) -> list[NodeProgress]:
     return out
 
 
+# A node whose steps per second are below this share of the fastest node's is named.
+SLOWER = 0.9
+
+
 def progress_line(notes: Sequence[NodeProgress], now: float | None = None) -> str | None:
     """ "step S, R steps/s; slowest node N (x s/step, the others y)" from the nodes'
     notes of the latest attempt; None without progress. Pure but for the clock."""
@@ -213,7 +225,8 @@ def progress_line(notes: Sequence[NodeProgress], now: float | None = None) -> st
         slowest = min(known, key=lambda node: known[node])
         text += f", {known[slowest]:.2f} steps/s"
         others = [rate for node, rate in known.items() if node != slowest]
-        if others:
+        # Ranks that step together all show the same rate; only a gap says which is slow.
+        if others and known[slowest] < SLOWER * max(others):
             text += (f"; slowest node {slowest} ({1 / known[slowest]:.3f} s/step, the others "
                      f"{1 / max(others):.3f})")  # fmt: skip
     return text

@@ -39,6 +39,10 @@ MULTIPLE = 10.0  # the automatic timeout: this many times the slowest step seen
 CHECK_S = 0.5  # between two reads of the progress files
 NOTE_S = 10.0  # between two progress notes in the job folder
 REQUESTS_S = 2.0  # between two looks for `hpclaunch stacks` requests
+# A node with no evidence of its own (every rank waits in a collective) waits this long
+# before it ends its workers: the node that has the evidence finds the hang within
+# CHECK_S of it and must read its ranks' stacks before their peers vanish.
+DEFER_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -167,9 +171,8 @@ class Watch:
         if now >= self._next_requests:
             self._next_requests = now + REQUESTS_S
             self._answer_requests(seen)
-        if now >= self._next_note:
+        if now >= self._next_note and self.note(now):
             self._next_note = now + NOTE_S
-            self._note(seen, now)
         return judge(seen, now, self._timeout)
 
     def _see(self, pids: Mapping[int, int], now: float) -> list[Seen]:
@@ -238,16 +241,25 @@ class Watch:
             except OSError as exc:
                 log.warning("could not answer the stacks request %s: %s", request, exc)
 
-    def _note(self, seen: Sequence[Seen], now: float) -> None:
+    def note(self, now: float | None = None) -> bool:
+        """Write the node's progress note from every worker's file of the attempt (the
+        agent calls it once more when the group ends); whether there was any to note."""
+        now = self._clock() if now is None else now
+        folder = self.folder(self.attempt)
+        found = {
+            rank: progress.read(str(folder / f"local-{local_rank}.progress"))
+            for local_rank, rank in sorted(self._ranks.items())
+        }  # fmt: skip
         ranks = tuple(
-            reports.RankProgress(s.rank, s.progress.step, s.progress.steps_per_s,
-                                 round(s.progress.slowest, 3), round(now - s.progress.last, 1))
-            for s in seen if s.progress is not None and s.progress.count
+            reports.RankProgress(rank, p.step, p.steps_per_s, round(p.slowest, 3),
+                                 round(now - p.last, 1))
+            for rank, p in found.items() if p is not None and p.count
         )  # fmt: skip
         if not ranks:
-            return
+            return False
         note = reports.NodeProgress(self.node, self.attempt, time.time(), ranks)
         try:
             reports.write_progress(self._job, self.requeue, note)
         except OSError as exc:
             log.debug("could not write the progress note: %s", exc)
+        return True

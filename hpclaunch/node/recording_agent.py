@@ -33,7 +33,7 @@ from torch.distributed.elastic.multiprocessing import start_processes as torch_s
 from torch.distributed.elastic.utils.api import macros
 
 from hpclaunch.node import failfast, procs, stop_notes
-from hpclaunch.node.hangs import Watch
+from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
 from hpclaunch.node.sweep import Sweeper
 from hpclaunch.node.worker_env import lightning_size, slurm_task_view
@@ -105,6 +105,8 @@ class RecordingAgent(LocalElasticAgent):
         result: RunResult = super()._monitor_workers(worker_group)
         if self._hung and result.is_failed():
             self._count_hang()
+        if self._hangs is not None and result.state is not WorkerState.HEALTHY:
+            self._hangs.note()  # the group's last progress
         if result.is_failed() and self._on_failure is not None:
             try:
                 error = self._on_failure(result, self.attempt, self._hung)
@@ -136,6 +138,8 @@ class RecordingAgent(LocalElasticAgent):
         report = self._hangs.diagnose(hang)
         log.error("hang report in %s (named: %s, %s)", report.stacks,
                   ",".join(map(str, report.culprits)) or "none", report.how)  # fmt: skip
+        if not report.culprits:
+            self._workers_ended(DEFER_S)
         for pid in pids.values():
             procs.kill_group(pid, signal.SIGKILL)
         self._workers_ended(LOST_PEER_GRACE_S)

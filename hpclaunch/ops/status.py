@@ -17,7 +17,7 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures, found_checkpoints, saves
+from hpclaunch.jobdir import failures, found_checkpoints, hangs, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import registry, unsaved
@@ -91,6 +91,8 @@ class JobStatus:
     found_checkpoint: str | None = None  # the newest match of those or the Lightning default
     found_checkpoint_written: float | None = None  # its modification time
     last_save: str | None = None  # the newest save's times (hpclaunch.jobdir.saves)
+    progress: str | None = None  # the latest run's step and rate (hpclaunch.jobdir.hangs)
+    hangs: list[str] = field(default_factory=list)  # each hang: the rank it began with
     root_cause: str | None = None  # the latest run's root-cause block, if it failed
     verdict: str | None = None  # why the latest run ended, where no node is to blame
     job_dir: str | None = None
@@ -284,8 +286,16 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
         status.checkpoint_written = _written(complete[-1].path)
     _found(ckpt_dir, history, status, lightning=complete is not None)
+    _progress(JobFolder(folder), status)
     _saves(folder, ckpt_dir, history, status)
     status.root_cause = root_cause(folder, status.runs, ckpt_dir)
+
+
+def _progress(job: JobFolder, status: JobStatus) -> None:
+    """The latest run's progress as its agents noted it, and every hang they reported."""
+    status.hangs = [hangs.describe(hung) for hung in hangs.first_hung(hangs.read_reports(job))]
+    latest = status.runs[-1].requeue if status.runs else 0
+    status.progress = hangs.progress_line(hangs.read_progress(job, latest))
 
 
 def _written(path: Path) -> float | None:

@@ -22,7 +22,7 @@ from hpclaunch.job.spec import (
     DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
 )
-from hpclaunch.jobdir import failures, history_store, saves
+from hpclaunch.jobdir import failures, hangs, history_store, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
@@ -210,6 +210,8 @@ class Supervisor:
             failures.print_block(job_dir, self.requeue_count, culprit)
         found = [self.finding.verdict.value, *self.finding.nodes]
         log.info("supervisor: failure records: %s", " ".join(found))
+        for hung in hangs.first_hung(hangs.read_reports(JobFolder(job_dir), self.requeue_count)):
+            log.error("supervisor: hang in %s", hangs.describe(hung))
         self.verdict = verdicts.explain(self.finding, self.job_id, job_dir, job_nodes(self.env))
 
     def _act(self, decision: requeue.Decision) -> requeue.Decision:

@@ -148,6 +148,15 @@ def explain(
         return None
     if finding.verdict is Verdict.STORAGE and finding.storage is not None:
         return storage_message(finding.storage, job_id, finding.seen_on, step_nodes)
+    if finding.verdict is Verdict.HANG and finding.message.startswith(failures.HUNG):
+        where = f" (stacks in {JobFolder(job_dir).root / 'hangs'})" if job_dir is not None else ""
+        return (
+            f"the workers hung on every node, and restarting them in place did not help "
+            f"({finding.message}): no node is to blame, so none is kept out and the job is "
+            f"not requeued. `hpclaunch status {job_id}` names the rank each hang began with, "
+            f"and where every rank waited{where}; mend the cause, then "
+            f"`scontrol requeue {job_id}` resumes the job from its last checkpoint"
+        )
     if finding.verdict is Verdict.HANG:
         logs = f" (their logs: {JobFolder(job_dir).logs})" if job_dir is not None else ""
         return (

@@ -1,0 +1,134 @@
+"""The hang watch's pure parts: the timeout, the judgement of one node's workers, the
+evidence against a rank, the verdict of the failure records, and what status says."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpclaunch.errors import SpecError
+from hpclaunch.jobdir import hangs
+from hpclaunch.jobdir.failures import (
+    HUNG,
+    WAITED_FOR_HANG,
+    NodeRecord,
+    Verdict,
+    WorkerFailure,
+    classify,
+)
+from hpclaunch.node.hangs import FLOOR_S, MULTIPLE, HangTimeout, Seen, evidence, judge
+from hpclaunch.progress import Progress
+
+
+def test_the_timeout_is_auto_off_or_seconds() -> None:
+    auto = HangTimeout.parse("auto")
+    assert auto.limit(0.0) == FLOOR_S and auto.limit(100.0) == MULTIPLE * 100.0
+    assert HangTimeout.parse(" 7.5 ").limit(100.0) == 7.5
+    assert HangTimeout.parse("OFF").limit(1.0) is None
+    assert str(HangTimeout.parse("30")) == "30" and str(auto) == "auto"
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "soon", "inf", "nan", ""])
+def test_a_bad_timeout_is_named_with_what_is_taken(bad: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        HangTimeout.parse(bad)
+    assert repr(bad) in raised.value.message and "'auto'" in raised.value.message
+
+
+def seen(rank: int, last: float | None, *, state: str = "S", stopped_s: float = 0.0) -> Seen:
+    done = None if last is None else Progress(5, 5, 0.0, last, 0.2, True)
+    return Seen(rank, rank, 100 + rank, state, done, stopped_s)
+
+
+def test_no_hang_before_the_first_step_or_while_any_rank_progresses() -> None:
+    fixed = HangTimeout(10.0)
+    assert judge([seen(0, None), seen(1, None)], now=1000.0, timeout=fixed) is None
+    assert judge([seen(0, 95.0), seen(1, 85.0)], now=100.0, timeout=fixed) is None
+    assert judge([seen(0, 95.0)], now=100.0, timeout=HangTimeout(off=True)) is None
+
+
+def test_no_progress_for_the_timeout_is_a_hang() -> None:
+    hang = judge([seen(0, 80.0), seen(1, 89.0)], now=100.0, timeout=HangTimeout(10.0))
+    assert hang is not None and hang.reason == "no progress for 11 s (limit 10 s)"
+    assert hang.limit_s == 10.0 and [s.rank for s in hang.seen] == [0, 1]
+
+
+def test_a_worker_stopped_for_the_timeout_is_a_hang_even_before_any_step() -> None:
+    workers = [seen(0, None), seen(1, None, state="T", stopped_s=12.0)]
+    hang = judge(workers, now=100.0, timeout=HangTimeout(10.0))
+    assert hang is not None and hang.reason == "rank 1 stopped (SIGSTOP) for 12 s"
+    workers[1] = seen(1, None, state="T", stopped_s=9.0)
+    assert judge(workers, now=100.0, timeout=HangTimeout(10.0)) is None
+
+
+def test_the_evidence_is_a_stopped_worker_then_one_outside_a_collective() -> None:
+    workers = [seen(0, 1.0), seen(1, 1.0, state="T")]
+    assert evidence(workers, {0: True, 1: None}) == (
+        (1,),
+        "stopped by a signal (SIGSTOP or a debugger)",
+    )
+    workers = [seen(0, 1.0), seen(1, 1.0)]
+    assert evidence(workers, {0: True, 1: False}) == ((1,), "not waiting in a collective")
+    assert evidence(workers, {0: True, 1: True})[0] == ()
+    assert evidence(workers, {0: True, 1: None})[0] == ()  # no stack: no evidence
+
+
+def record(node: str, rank: int, message: str) -> NodeRecord:
+    return NodeRecord(node, rank, 0, 0, float(rank), (WorkerFailure(rank, -9, message),))
+
+
+def test_a_hang_named_on_some_nodes_makes_them_bad_nodes() -> None:
+    records = [record("n1", 0, f"{WAITED_FOR_HANG} no progress"), record("n2", 1, f"{HUNG} x")]
+    finding = classify(records, ["n1", "n2"])
+    assert finding.verdict is Verdict.BAD_NODES and finding.nodes == ("n2",)
+
+
+def test_a_hang_named_on_every_node_is_a_hang_not_a_bug() -> None:
+    records = [record("n1", 0, f"{HUNG} a"), record("n2", 1, f"{HUNG} b")]
+    assert classify(records, ["n1", "n2"]).verdict is Verdict.HANG
+    waited = [record("n1", 0, f"{WAITED_FOR_HANG} no progress")]
+    assert classify(waited, ["n1"]).verdict is Verdict.HANG
+
+
+def at_hang(rank: int, idle: float | None, waiting: bool | None) -> hangs.RankAtHang:
+    return hangs.RankAtHang(rank, rank % 2, 100 + rank, "S", 12, idle, waiting, "f (t.py:1)")
+
+
+def report(
+    node: str, ranks: tuple[hangs.RankAtHang, ...], culprits: tuple[int, ...]
+) -> hangs.HangReport:
+    stacks = f"/j/hangs/requeue-0/attempt-0-node-{node}.txt"
+    how = "not waiting in a collective"
+    return hangs.HangReport(node, 0, 0, 0, 1.0, "no progress for 6 s", 5.0, ranks, culprits,
+                            how, stacks)  # fmt: skip
+
+
+def test_the_rank_named_by_its_node_is_the_one_the_hang_began_with() -> None:
+    reports = [
+        report("n1", (at_hang(0, 9.0, True), at_hang(1, 9.0, True)), ()),
+        report("n2", (at_hang(2, 6.0, False), at_hang(3, 6.0, True)), (2,)),
+    ]
+    [first] = hangs.first_hung(reports)
+    assert (first.rank, first.node, first.waiting) == (2, "n2", 3)
+    assert hangs.describe(first) == (
+        "attempt 0: rank 2 on n2 hung at step 12, no progress for 6 s (not waiting in a "
+        "collective); 3 ranks waited in a collective; stacks: "
+        "/j/hangs/requeue-0/attempt-0-node-*.txt"
+    )
+
+
+def test_without_a_named_rank_the_one_idle_longest_is_taken() -> None:
+    reports = [report("n1", (at_hang(0, 7.0, True), at_hang(1, 9.0, True)), ())]
+    [first] = hangs.first_hung(reports)
+    assert (first.rank, first.how) == (1, "its progress ended first")
+
+
+def note(node: str, rate: float) -> hangs.NodeProgress:
+    return hangs.NodeProgress(node, 1, 100.0, (hangs.RankProgress(0, 40, rate, 0.3, 0.1),))
+
+
+def test_status_names_a_slow_node_only_when_its_rate_differs() -> None:
+    line = hangs.progress_line([note("n1", 4.0), note("n2", 4.1)], now=102.0)
+    assert line == "step 40 (attempt 1, noted 2 s ago), 4.00 steps/s"
+    line = hangs.progress_line([note("n1", 4.0), note("n2", 2.0)], now=102.0)
+    assert line is not None and line.endswith("; slowest node n2 (0.500 s/step, the others 0.250)")
+    assert hangs.progress_line([], now=1.0) is None
