@@ -29,6 +29,7 @@ class _Commands(click.Group):
         "logs": ("hpclaunch.cli.jobs", "logs"),
         "sandbox": ("hpclaunch.sandbox.cli", "sandbox"),
         "sbatch": ("hpclaunch.cli.sbatch", "sbatch"),
+        "stacks": ("hpclaunch.cli.jobs", "stacks"),
         "status": ("hpclaunch.cli.jobs", "status"),
         "supervise": ("hpclaunch.cli.supervise", "supervise"),
     }

@@ -1,6 +1,6 @@
-"""``hpclaunch status``, ``logs``, ``cancel`` and ``list``: operating submitted jobs
-from the login node. The work is in ``hpclaunch.ops``; these parse the flags, print
-and pick the exit code. They never import torch."""
+"""``hpclaunch status``, ``logs``, ``stacks``, ``cancel`` and ``list``: operating
+submitted jobs from the login node. The work is in ``hpclaunch.ops``; these parse the
+flags, print and pick the exit code. They never import torch."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from hpclaunch.cli.format import jobs_table, render_status
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.ops import cancel as cancelling
 from hpclaunch.ops import follow, listing, registry
+from hpclaunch.ops import stacks as live
 from hpclaunch.ops.logs import LogSelection, follow_logs, show
 from hpclaunch.ops.status import JobStatus, exit_status, find, gather
 from hpclaunch.slurm.hostlist import compress
@@ -129,6 +130,29 @@ def _write(parts: Iterable[str]) -> None:
 @click.command()
 @click.argument("job_id", metavar="JOBID")
 @_job_dir_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=live.TIMEOUT_S, show_default=True, metavar="SECONDS",
+              help="How long to wait for every node's agent to answer.")  # fmt: skip
+@click.option("--raw", is_flag=True, help="Each rank's stack as its agent read it (py-spy's "
+              "dump, or faulthandler's), in rank order, instead of identical stacks "
+              "grouped.")  # fmt: skip
+@click.pass_obj
+def stacks(obj: CliContext, job_id: str, job_dir: Path | None, timeout_s: float, raw: bool) -> None:
+    """Print the live Python stacks of every rank of running job JOBID, each distinct
+    stack once with the ranks that share it. Each node's agent reads its own ranks'
+    (py-spy where installed, else the workers' faulthandler) when asked through the
+    job folder; exits 1 when no node answers within --timeout."""
+    number = _job_id(job_id)
+    try:
+        found = live.ask(number, obj.slurm, obj.env, job_dir, timeout_s)
+    except HpclaunchError as exc:
+        fail(exc)
+    click.echo(live.render(found, raw))
+
+
+@click.command()
+@click.argument("job_id", metavar="JOBID")
+@_job_dir_option
 @click.pass_obj
 def cancel(obj: CliContext, job_id: str, job_dir: Path | None) -> None:
     """End JOBID for good: it is not requeued, whatever signal its supervisor got first."""
@@ -179,4 +203,4 @@ def follow_job(obj: CliContext, job_id: int, job_dir: Path | None, root_cause: b
     return exit_status(last)
 
 
-COMMANDS = (status, logs, cancel, list_jobs)
+COMMANDS = (status, logs, stacks, cancel, list_jobs)
