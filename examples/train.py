@@ -21,6 +21,7 @@ Faults to try the machinery with:
       --hang-how stop           it stops itself (SIGSTOP), as a wedged process
       --hang-how sleep          it sleeps forever inside the loop; the others wait for it
   --hang-node NAME --hang-at S  the first worker on node NAME sleeps at step S, every time
+  --hang-when-stopping R        rank R stops itself (SIGSTOP) instead of saving on a stop signal
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int, default=None)
     parser.add_argument("--hang-how", choices=("stop", "sleep"), default="stop")
     parser.add_argument("--hang-node", default=None)
+    parser.add_argument("--hang-when-stopping", type=int, default=None)
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
@@ -132,6 +134,8 @@ def main() -> None:
         if rank == 0 and step == start:
             say("FIRST_STEP", step=step, time=time.time())
         stopping = stop.should_stop()
+        if stopping and rank == args.hang_when_stopping:
+            hang("stop", rank, step)
         if stopping or (step + 1) % args.checkpoint_every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             checkpoint.save(state, step)

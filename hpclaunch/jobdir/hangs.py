@@ -256,7 +256,10 @@ def answer_path(job: JobFolder, request: str, node: str) -> Path:
 
 
 def write_answer(job: JobFolder, request: str, node: str, stacks: Mapping[int, str]) -> None:
-    """The stacks of ``node``'s ranks (rank -> text), for request ``request``."""
+    """The stacks of ``node``'s ranks (rank -> text), for request ``request``; nothing
+    when the request is gone (the command gave up and removed it while they were read)."""
+    if not (job.stacks / f"request-{request}").exists():
+        return
     path = answer_path(job, request, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, sections(stacks).encode())

@@ -19,6 +19,8 @@ ATTEMPT = "HPCLAUNCH_ATTEMPT"
 JOB_DIR = "HPCLAUNCH_JOB_DIR"
 CHECKPOINT_DIR = "HPCLAUNCH_CHECKPOINT_DIR"
 LOCAL_CHECKPOINT_DIR = "HPCLAUNCH_LOCAL_CHECKPOINT_DIR"
+PROGRESS_FILE = "HPCLAUNCH_PROGRESS_FILE"
+STACKS_FILE = "HPCLAUNCH_STACKS_FILE"
 
 
 class SetBy(enum.Enum):
@@ -26,6 +28,7 @@ class SetBy(enum.Enum):
 
     AGENT = "agent"  # each node's agent, for every attempt's workers
     SCRIPT = "script"  # the rendered sbatch script exports it; workers inherit it
+    WATCH = "watch"  # the agent's hang watch, one for each worker (hpclaunch.node.hangs)
 
 
 class WorkerVar(NamedTuple):
@@ -49,6 +52,8 @@ WORKER_VARS: tuple[WorkerVar, ...] = (
         "this node's folder for checkpoint.save(local_copy=True), in node memory "
         "(/dev/shm); the agent removes it when it exits",
     ),
+    WorkerVar(PROGRESS_FILE, SetBy.WATCH, "where the worker reports its progress"),
+    WorkerVar(STACKS_FILE, SetBy.WATCH, "where the worker writes its stacks when asked"),
 )
 
 

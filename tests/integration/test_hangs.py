@@ -165,3 +165,20 @@ def test_a_node_that_hangs_every_time_is_kept_out_of_the_requeue(
     assert named == [(0, 0, hanging), (0, 1, hanging)]
     assert "hung first 2 times: not restarting them here again" in job.log
     assert f"supervisor: failure records: errors on some nodes only {hanging}" in job.log
+
+
+def test_a_hang_in_the_checkpoint_after_a_stop_signal_ends_in_a_requeue(
+    sandbox: Running, tmp_path: Path, uninterrupted: str
+) -> None:
+    # The agents give the workers 3/4 of the signal lead (15 s) to save and exit after
+    # the time-limit warning; rank 3 stops instead, the others wait for it in the save.
+    job = submit(sandbox, tmp_path, "--hang-when-stopping", "3", options=("--signal-lead", "20"))
+    job.wait_checkpoint(9)
+    job.run("scancel", "--signal=USR1", "--batch", str(job.id))
+    assert job.wait_end() == "COMPLETED", job.log
+    assert digest_of(job) == uninterrupted
+    assert hang_line(job)["rank"] == 3
+    assert "workers still running 15 s after SIGUSR1; sending SIGKILL" in job.log
+    starts = job.lines("START")
+    assert [s["requeue"] for s in starts] == ["0", "1"] and int(str(starts[1]["step"])) >= 10
+    assert job.history() == [(0, "time limit", "requeue"), (1, "completed", "none")]

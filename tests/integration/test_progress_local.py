@@ -1,0 +1,84 @@
+"""Progress reporting in a fresh python, as the agent starts a fresh worker (the boot on
+PYTHONPATH, hpclaunch.progress.boot_env), with real torch: optimizer steps count with
+no change to the script, the script sees the PYTHONPATH it was meant to have and the
+sitecustomize that would have run, and the stack handler answers its signal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpclaunch import progress
+from hpclaunch.node import procs, stacks
+from tests.integration.helpers import base_env
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = """
+import json, os, sys, time
+import torch
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.ones(4)).sum().backward()
+    optimizer.step()
+report = {"pythonpath": os.environ.get("PYTHONPATH"), "path": sys.path,
+          "user_site": os.environ.get("USER_SITECUSTOMIZE_RAN")}
+print(json.dumps(report), flush=True)
+
+def wait_for_the_test():
+    while True:
+        time.sleep(0.05)
+
+wait_for_the_test()
+"""
+
+# A sitecustomize of the user's own, on the PYTHONPATH the worker was meant to have.
+USER_SITECUSTOMIZE = "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n"
+
+
+def test_a_fresh_python_counts_optimizer_steps_and_dumps_its_stacks(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    files = {progress.PROGRESS_FILE: str(tmp_path / "rank.progress"),
+             progress.STACKS_FILE: str(tmp_path / "rank.stacks")}  # fmt: skip
+    env = base_env(PYTHONPATH=str(own), **files)
+    env.update(progress.boot_env(env))
+    argv = [sys.executable, "-u", str(script)]
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            seen = json.loads(proc.stdout.readline())
+            assert seen["pythonpath"] == str(own) and seen["user_site"] == "yes"
+            assert progress.BOOT_FOLDER not in seen["path"]
+            done = progress.read(files[progress.PROGRESS_FILE])
+            assert done is not None and (done.count, done.step) == (3, 3) and done.stacks_on_signal
+            text = stacks.read({0: proc.pid}, (), {0: files[progress.STACKS_FILE]}, spy=None)[0]
+            threads = stacks.parse(text)
+            assert [f.function for f in threads[0].frames[-2:]] == ["wait_for_the_test", "<module>"]
+            assert stacks.waiting(threads) is False
+            assert procs.state(proc.pid) in ("R", "S")  # the handler did not end it
+        finally:
+            proc.kill()  # it waits for ever
+
+
+def test_beat_reports_a_loop_without_an_optimizer(tmp_path: Path) -> None:
+    path = tmp_path / "rank.progress"
+    code = (
+        "from hpclaunch import progress\n"
+        "for step in range(100, 105):\n"
+        "    progress.beat(step=step)\n"
+    )
+    env = base_env(**{progress.PROGRESS_FILE: str(path)})
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    done = progress.read(str(path))
+    assert done is not None and (done.count, done.step) == (5, 104)
+    assert done.steps_per_s is not None and done.steps_per_s > 0
+    assert progress.read(str(tmp_path / "none")) is None  # no worker wrote it
