@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import IO, Any
 
-from hpclaunch.node.worker_env import PROGRESS_FILE, STACKS_FILE
+from hpclaunch.node.worker_env import PROGRESS_FILE as PROGRESS_FILE
+from hpclaunch.node.worker_env import STACKS_FILE as STACKS_FILE
 
 # The fresh workers' boot (hpclaunch/node/progress_boot/sitecustomize.py) rides on
 # PYTHONPATH; the value the worker was meant to have is kept here and put back.

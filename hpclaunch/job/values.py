@@ -158,6 +158,7 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
 
 # --hang-timeout: the automatic timeout's words (hpclaunch.node.hangs documents them).
 HANG_AUTO, HANG_OFF = "auto", "off"
+MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs in steps
 
 
 def parse_hang_timeout(text: str | float) -> str:
@@ -169,13 +170,14 @@ def parse_hang_timeout(text: str | float) -> str:
         seconds = float(value)
     except ValueError:
         seconds = float("nan")
-    if not 0 < seconds < float("inf"):
+    if not MIN_HANG_TIMEOUT_S <= seconds < float("inf"):
         raise SpecError(
             "hang_timeout",
-            f"{text!r} is not a hang timeout; give seconds without progress (a number above "
-            f"0), {HANG_AUTO!r} (a multiple of the slowest step, with a floor) or {HANG_OFF!r}",
+            f"{text!r} is not a hang timeout; give seconds without progress (at least "
+            f"{MIN_HANG_TIMEOUT_S:g}), {HANG_AUTO!r} (a multiple of the slowest step, with a "
+            f"floor) or {HANG_OFF!r}",
         )
-    return f"{seconds:g}"
+    return f"{seconds:f}".rstrip("0").rstrip(".")
 
 
 def parse_endpoints(text: str) -> tuple[str, ...]:

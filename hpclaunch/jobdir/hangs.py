@@ -57,7 +57,7 @@ class HangReport:
         out = {}
         for seen in self.ranks:
             if seen.rank in self.culprits:
-                step = f" at step {seen.step}" if seen.step is not None else ""
+                step = f" after step {seen.step}" if seen.step is not None else ""
                 out[seen.rank] = f"{HUNG} {self.reason}{step}; {self.how}"
             else:
                 out[seen.rank] = f"{WAITED_FOR_HANG} {self.reason}"
@@ -103,7 +103,8 @@ class FirstHung:
     step: int | None
     idle_s: float | None
     how: str
-    waiting: int  # ranks seen waiting in a collective, on every node
+    waiting: int  # ranks seen waiting in a collective, on every node that reported
+    read: int  # ranks whose stacks were read, on every node that reported
     stacks: tuple[str, ...]
 
 
@@ -120,14 +121,15 @@ def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
         pool = named or [(r, s) for r, s in seen if s.idle_s is not None]
         stacks = tuple(r.stacks for r in some)
         waiting = sum(1 for _, s in seen if s.waiting)
+        read = sum(1 for _, s in seen if s.waiting is not None)
         if not pool:
             out.append(FirstHung(requeue, attempt, None, "", None, None, some[0].reason,
-                                 waiting, stacks))  # fmt: skip
+                                 waiting, read, stacks))  # fmt: skip
             continue
         report, rank = max(pool, key=lambda rs: (rs[1].idle_s or 0.0, -rs[1].rank))
         how = report.how if named else "its progress ended first"
         out.append(FirstHung(requeue, attempt, rank.rank, report.node, rank.step, rank.idle_s,
-                             how, waiting, stacks))  # fmt: skip
+                             how, waiting, read, stacks))  # fmt: skip
     return out
 
 
@@ -136,12 +138,19 @@ def describe(hung: FirstHung) -> str:
     when = f"run {hung.requeue}, " if hung.requeue else ""
     if hung.rank is None:
         return f"{when}attempt {hung.attempt}: {hung.how}; no rank named (stacks: {hung.stacks[0]})"
-    step = f" at step {hung.step}" if hung.step is not None else ""
+    step = f" after step {hung.step}" if hung.step is not None else ""
     idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
     return (
         f"{when}attempt {hung.attempt}: rank {hung.rank} on {hung.node} hung{step}{idle} "
-        f"({hung.how}); {hung.waiting} ranks waited in a collective; stacks: {_files(hung.stacks)}"
+        f"({hung.how}); {_waited(hung)}; stacks: {_files(hung.stacks)}"
     )
+
+
+def _waited(hung: FirstHung) -> str:
+    if not hung.read:
+        return "no other rank's stack was read"
+    ranks = "rank" if hung.read == 1 else "ranks"
+    return f"{hung.waiting} of the {hung.read} {ranks} read waited in a collective"
 
 
 def _files(paths: Sequence[str]) -> str:
@@ -203,6 +212,8 @@ def read_progress(job: JobFolder, requeue: int) -> list[NodeProgress]:
 
 # A node whose steps per second are below this share of the fastest node's is named.
 SLOWER = 0.9
+# From how long without a step the progress line says so (a hang, a pause, or the end).
+IDLE_SHOWN_S = 30.0
 
 
 def progress_line(notes: Sequence[NodeProgress], now: float | None = None) -> str | None:
@@ -221,6 +232,9 @@ def progress_line(notes: Sequence[NodeProgress], now: float | None = None) -> st
     known = {node: rate for node, rate in rates.items() if rate}
     age = now - max(n.time for n in latest)
     text = f"step {step} (attempt {attempt}, noted {age:.0f} s ago)"
+    idle = age + min(r.idle_s for n in latest for r in n.ranks)
+    if idle >= IDLE_SHOWN_S:
+        text += f", no step for {idle:.0f} s"
     if known:
         slowest = min(known, key=lambda node: known[node])
         text += f", {known[slowest]:.2f} steps/s"

@@ -346,16 +346,16 @@ def _failures(by_rank: Mapping[int, Any], folder: AttemptFolder | None) -> list[
 def _root_cause(
     exc: Any, ctx: NodeContext, opts: AgentOptions, folder: AttemptFolder | None, watch: Watch
 ) -> str:
-    """hpclaunch's root-cause block from torch's ChildFailedError, after the hang report
-    when the last attempt hung."""
-    block = joblogs.root_cause_block(
+    """hpclaunch's root-cause block from torch's ChildFailedError; the hang report when
+    the last attempt hung (the workers' SIGKILL is not the story then)."""
+    hang = watch.last_report
+    if hang is not None and hang.attempt == watch.attempt:
+        logs = f"\n  rank logs: {folder.path}" if folder is not None else ""
+        return f"{hang_block(hang)}{logs}"
+    return joblogs.root_cause_block(
         _failures(exc.failures, folder), job_id=ctx.job_id, host=ctx.hostname,
         node_rank=ctx.node_rank, command=worker_command(opts),
     )  # fmt: skip
-    hang = watch.last_report
-    return (
-        block if hang is None or hang.attempt != watch.attempt else f"{hang_block(hang)}\n{block}"
-    )
 
 
 def _failed_for_good(block: str, ctx: NodeContext, opts: AgentOptions, job: Path) -> int:

@@ -39,10 +39,11 @@ MULTIPLE = 10.0  # the automatic timeout: this many times the slowest step seen
 CHECK_S = 0.5  # between two reads of the progress files
 NOTE_S = 10.0  # between two progress notes in the job folder
 REQUESTS_S = 2.0  # between two looks for `hpclaunch stacks` requests
-# A node with no evidence of its own (every rank waits in a collective) waits this long
-# before it ends its workers: the node that has the evidence finds the hang within
-# CHECK_S of it and must read its ranks' stacks before their peers vanish.
-DEFER_S = 3.0
+# After reading its ranks' stacks, a node waits this long before it ends its workers:
+# the other nodes find the hang within about CHECK_S of it, and must read their ranks'
+# stacks while those still wait (a rank whose peers are gone is on its way out).
+DEFER_S = 2.0
+STOPPED_NOTE = "(this worker is stopped: state T, SIGSTOP or a debugger)\n"
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ class HangTimeout:
         return max(FLOOR_S, MULTIPLE * slowest_step_s)
 
     def __str__(self) -> str:
-        return HANG_OFF if self.off else HANG_AUTO if self.seconds is None else f"{self.seconds:g}"
+        if self.off or self.seconds is None:
+            return HANG_OFF if self.off else HANG_AUTO
+        return parse_hang_timeout(self.seconds)
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,9 @@ class Watch:
             for s in seen if s.progress is not None and s.progress.stacks_on_signal
         }  # fmt: skip
         stopped = {s.rank for s in seen if s.state == "T"}
-        return stacks.read({s.rank: s.pid for s in seen}, stopped, handlers)
+        read = stacks.read({s.rank: s.pid for s in seen}, stopped, handlers)
+        return {rank: (STOPPED_NOTE + text if rank in stopped else text)
+                for rank, text in read.items()}  # fmt: skip
 
     def diagnose(self, hang: Hang) -> HangReport:
         """The stacks of every rank, the ranks named, the report and stacks written into
@@ -208,7 +213,9 @@ class Watch:
         now = self._clock()
         text = self.read_stacks(hang.seen)
         parsed = {rank: stacks.parse(t) for rank, t in text.items()}
-        waiting = {rank: stacks.waiting(threads) for rank, threads in parsed.items()}
+        # A rank no longer in its script (exiting: its peers are gone) is no evidence.
+        waiting = {rank: stacks.waiting(threads) if stacks.in_script(threads) else None
+                   for rank, threads in parsed.items()}  # fmt: skip
         culprits, how = evidence(hang.seen, waiting)
         stacks_file = reports.report_path(self._job, self.requeue, self.attempt, self.node, "txt")
         ranks = tuple(

@@ -130,6 +130,8 @@ class RecordingAgent(LocalElasticAgent):
         if self._hangs is None or self._pcontext is None:
             return {}
         ended = self._exit_codes()
+        if any(code != 0 for code in ended.values()):
+            return {}  # a worker failed: torch ends the attempt as it does for a crash
         pids = {rank: pid for rank, pid in self._pcontext.pids().items() if rank not in ended}
         hang = self._hangs.check(pids)
         if hang is None:
@@ -138,8 +140,7 @@ class RecordingAgent(LocalElasticAgent):
         report = self._hangs.diagnose(hang)
         log.error("hang report in %s (named: %s, %s)", report.stacks,
                   ",".join(map(str, report.culprits)) or "none", report.how)  # fmt: skip
-        if not report.culprits:
-            self._workers_ended(DEFER_S)
+        self._workers_ended(DEFER_S)  # the other nodes read their stacks meanwhile
         for pid in pids.values():
             procs.kill_group(pid, signal.SIGKILL)
         self._workers_ended(LOST_PEER_GRACE_S)

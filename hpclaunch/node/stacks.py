@@ -188,6 +188,12 @@ def waiting(threads: Sequence[Thread]) -> bool | None:
     return any(_WAITING.search(frame.file) for frame in threads[0].frames)
 
 
+def in_script(threads: Sequence[Thread]) -> bool:
+    """Whether the main thread still runs the script (its top level, ``<module>``, is on
+    the stack), not the interpreter's exit (exit handlers, finalizers). Pure."""
+    return bool(threads) and any(f.function == "<module>" for f in threads[0].frames)
+
+
 def where(threads: Sequence[Thread]) -> str:
     """The main thread's innermost frame outside torch, else its innermost; "" without."""
     if not threads or not threads[0].frames:

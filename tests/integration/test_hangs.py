@@ -76,7 +76,7 @@ def test_a_stopped_worker_is_found_and_restarted_in_place(
     assert all(r.time - stopped["time"] <= TIMEOUT_S + 2 for r in reports), reports
     [first] = hangs.first_hung(reports)
     assert (first.rank, first.step) == (3, 12)
-    assert "rank 3 on" in job.status() and "hung at step 12" in job.status()
+    assert "rank 3 on" in job.status() and "hung after step 12" in job.status()
 
 
 def test_a_rank_asleep_in_its_loop_is_the_one_named(
@@ -91,8 +91,8 @@ def test_a_rank_asleep_in_its_loop_is_the_one_named(
     assert [rank for rank, s in sorted(seen.items()) if s.waiting] == [0, 1, 3]
     assert "hang" in seen[2].where and "train.py" in seen[2].where
     status = job.status()
-    assert re.search(r"hang: +attempt 0: rank 2 on n\d hung at step 12", status), status
-    assert "3 ranks waited in a collective" in status
+    assert re.search(r"hang: +attempt 0: rank 2 on n\d hung after step 12", status), status
+    assert "3 of the 4 ranks read waited in a collective" in status
 
 
 # Reports no progress: no torch optimizer, no hpclaunch.progress.beat(); runs for

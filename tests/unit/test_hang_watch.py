@@ -27,7 +27,12 @@ def test_the_timeout_is_auto_off_or_seconds() -> None:
     assert str(HangTimeout.parse("30")) == "30" and str(auto) == "auto"
 
 
-@pytest.mark.parametrize("bad", ["0", "-3", "soon", "inf", "nan", ""])
+def test_a_timeout_is_written_as_the_agent_reads_it() -> None:
+    assert str(HangTimeout.parse("99999999999")) == "99999999999"
+    assert str(HangTimeout.parse("2.50")) == "2.5"
+
+
+@pytest.mark.parametrize("bad", ["0", "0.5", "-3", "soon", "inf", "nan", ""])
 def test_a_bad_timeout_is_named_with_what_is_taken(bad: str) -> None:
     with pytest.raises(SpecError) as raised:
         HangTimeout.parse(bad)
@@ -110,8 +115,8 @@ def test_the_rank_named_by_its_node_is_the_one_the_hang_began_with() -> None:
     [first] = hangs.first_hung(reports)
     assert (first.rank, first.node, first.waiting) == (2, "n2", 3)
     assert hangs.describe(first) == (
-        "attempt 0: rank 2 on n2 hung at step 12, no progress for 6 s (not waiting in a "
-        "collective); 3 ranks waited in a collective; stacks: "
+        "attempt 0: rank 2 on n2 hung after step 12, no progress for 6 s (not waiting in a "
+        "collective); 3 of the 4 ranks read waited in a collective; stacks: "
         "/j/hangs/requeue-0/attempt-0-node-*.txt"
     )
 
@@ -132,3 +137,24 @@ def test_status_names_a_slow_node_only_when_its_rate_differs() -> None:
     line = hangs.progress_line([note("n1", 4.0), note("n2", 2.0)], now=102.0)
     assert line is not None and line.endswith("; slowest node n2 (0.500 s/step, the others 0.250)")
     assert hangs.progress_line([], now=1.0) is None
+    stuck = hangs.progress_line([note("n1", 4.0)], now=135.0)  # idle 0.1 s + noted 35 s ago
+    assert stuck == "step 40 (attempt 1, noted 35 s ago), no step for 35 s, 4.00 steps/s"
+
+
+EXITING = """\
+Thread 0x00007f01 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/library.py", line 665 in _del_library
+  File "/usr/lib/python3.11/weakref.py", line 590 in __call__
+  File "/usr/lib/python3.11/weakref.py", line 666 in _exitfunc
+"""
+
+
+def test_a_rank_on_its_way_out_is_no_evidence_against_it() -> None:
+    """Its peers gone, a rank runs the interpreter's exit: not in its script, and not in a
+    collective either; taking that for a rank stuck outside one would blame it."""
+    from hpclaunch.node import stacks
+
+    threads = stacks.parse(EXITING)
+    assert stacks.waiting(threads) is False and not stacks.in_script(threads)
+    running = stacks.parse(EXITING.replace("_exitfunc", "<module>"))
+    assert stacks.in_script(running)
