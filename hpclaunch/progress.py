@@ -21,7 +21,10 @@ imports torch's optimizers, or at once if it has.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import faulthandler
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -31,13 +34,15 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, Any, TypeVar, cast
 
 from hpclaunch.node.worker_env import PROGRESS_FILE as PROGRESS_FILE
 from hpclaunch.node.worker_env import STACKS_FILE as STACKS_FILE
+from hpclaunch.node.worker_env import WATCHER_PID as WATCHER_PID
 
 # The fresh workers' boot (hpclaunch/node/progress_boot/sitecustomize.py) rides on
 # PYTHONPATH; the value the worker was meant to have is kept here and put back.
@@ -45,10 +50,13 @@ SAVED_PYTHONPATH = "HPCLAUNCH_SAVED_PYTHONPATH"
 BOOT_FOLDER = os.path.join(os.path.dirname(__file__), "node", "progress_boot")
 
 # magic, flags, progress count, the script's step (-1: none given), first and last
-# progress (CLOCK_MONOTONIC, the same for every process of the node), slowest interval.
-_LAYOUT = struct.Struct("<4sIqqddd")
+# progress (CLOCK_MONOTONIC, the same for every process of the node), slowest interval,
+# the pid of the process that writes the file.
+_LAYOUT = struct.Struct("<4sIqqdddq")
 _MAGIC = b"HPCp"
-STACKS_ON_SIGNAL = 1  # flag: the worker dumps its stacks on stack_signal()
+STACKS_ON_SIGNAL = 1  # flag: the writer dumps its stacks on stack_signal()
+PAUSED = 2  # flag: the script said a pause between steps has begun (see paused())
+PR_SET_PTRACER = 0x59616D61  # Yama: who besides our ancestors may read our memory
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 
 
@@ -68,6 +76,8 @@ class Progress:
     last: float
     slowest: float  # the longest interval between two progress reports; 0 before two
     stacks_on_signal: bool
+    paused: bool = False
+    pid: int = 0  # the process that writes it
 
     @property
     def steps_per_s(self) -> float | None:
@@ -86,6 +96,7 @@ class _Board:
         finally:
             os.close(fd)
         self.flags = 0
+        self.explicit = False  # the script calls beat(): the optimizer hook stays quiet
         self.base = 0  # the steps done before this attempt (see resumed_from)
         self.count = 0
         self.step = -1
@@ -94,7 +105,7 @@ class _Board:
 
     def write(self) -> None:
         _LAYOUT.pack_into(self._map, 0, _MAGIC, self.flags, self.count, self.step,
-                          self.first, self.last, self.slowest)  # fmt: skip
+                          self.first, self.last, self.slowest, os.getpid())  # fmt: skip
 
     def beat(self, step: int | None) -> None:
         now = time.monotonic()
@@ -108,7 +119,7 @@ class _Board:
         self.last = now
         self.step = self.base + self.count if step is None else step
         _LAYOUT.pack_into(self._map, 0, _MAGIC, self.flags, self.count, self.step,
-                          self.first, now, self.slowest)  # fmt: skip
+                          self.first, now, self.slowest, os.getpid())  # fmt: skip
 
 
 _board: _Board | None = None
@@ -121,7 +132,51 @@ def beat(step: int | None = None) -> None:
     Outside a job hpclaunch launched it does nothing."""
     board = _board if _opened else _open(os.environ)
     if board is not None:
+        board.explicit = True
         board.beat(step)
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def pausing(fn: _Fn) -> _Fn:
+    """``fn`` run in ``paused()`` (hpclaunch.checkpoint's save and load)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with paused():
+            return fn(*args, **kwargs)
+
+    return cast(_Fn, run)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """A stretch between steps that may outlast the hang timeout (an evaluation, an export):
+    the agent does not take it for a hang, unless a worker is stopped. hpclaunch.checkpoint
+    wraps its saves and loads in it.
+
+        with hpclaunch.progress.paused():
+            evaluate(model)
+    """
+    if not set_paused(True):  # nested: the outer one ends it
+        yield
+        return
+    try:
+        yield
+    finally:
+        set_paused(False)
+
+
+def set_paused(on: bool) -> bool:
+    """Begin (``on``) or end a pause (see ``paused``), for code whose pause begins and
+    ends in two calls (a framework's callbacks); whether that changed anything."""
+    board = _board if _opened else _open(os.environ)
+    if board is None or bool(board.flags & PAUSED) == on:
+        return False
+    board.flags = board.flags | PAUSED if on else board.flags & ~PAUSED
+    board.write()
+    return True
 
 
 def resumed_from(step: int) -> None:
@@ -150,6 +205,7 @@ def install(env: Mapping[str, str]) -> None:
     board = _open(env)
     if board is None:
         return
+    _allow_reading(env)
     stacks = env.get(STACKS_FILE)
     if stacks and _dump_stacks_on_signal(stacks):
         board.flags |= STACKS_ON_SIGNAL
@@ -158,6 +214,15 @@ def install(env: Mapping[str, str]) -> None:
         _hook(sys.modules[_OPTIMIZER_MODULE])
     else:
         sys.meta_path.insert(0, _HookOnImport())
+
+
+def _allow_reading(env: Mapping[str, str]) -> None:
+    """Let the agent's py-spy read this process where Yama allows only ancestors to
+    (``ptrace_scope`` 1): the agent, and what it starts, may."""
+    agent = env.get(WATCHER_PID, "")
+    if agent.isdigit():
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, int(agent), 0, 0, 0)
 
 
 _stacks_file: IO[str] | None = None
@@ -173,8 +238,18 @@ def _dump_stacks_on_signal(path: str) -> bool:
     return True
 
 
+_counted: list[weakref.ref[object]] = []  # the optimizer whose steps count
+
+
 def _after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
-    if _board is not None:
+    """One step of the first optimizer stepped (a GAN's second one, or the inner
+    optimizer of a wrapper, steps in the same training step); none once the script
+    reports its own steps with beat()."""
+    if _board is None or _board.explicit:
+        return
+    if not _counted or _counted[0]() is None:
+        _counted[:] = [weakref.ref(optimizer)]
+    if _counted[0]() is optimizer:
         _board.beat(None)
 
 
@@ -217,10 +292,11 @@ def read(path: str) -> Progress | None:
         return None
     if len(data) < _LAYOUT.size:
         return None
-    magic, flags, count, step, first, last, slowest = _LAYOUT.unpack(data)
-    if magic != _MAGIC:
+    magic, flags, count, step, first, last, slowest, pid = _LAYOUT.unpack(data)
+    if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
         return None
-    return Progress(count, step, first, last, slowest, bool(flags & STACKS_ON_SIGNAL))
+    return Progress(count, step, first, last, slowest, bool(flags & STACKS_ON_SIGNAL),
+                    bool(flags & PAUSED), pid)  # fmt: skip
 
 
 def boot_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -233,12 +309,15 @@ def boot_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def unboot(environ: MutableMapping[str, str]) -> None:
-    """Give the worker the PYTHONPATH it was meant to have (see ``boot_env``)."""
+    """Take the boot folder out of PYTHONPATH again (see ``boot_env``), keeping what a
+    launcher in between added; unset when it was unset and nothing else is left."""
     saved = environ.pop(SAVED_PYTHONPATH, None)
     if saved is None:
         return
-    meant = json.loads(saved)
-    if meant is None:
+    parts = environ.get("PYTHONPATH", "").split(os.pathsep)
+    if BOOT_FOLDER in parts:
+        parts.remove(BOOT_FOLDER)
+    if parts == [] and json.loads(saved) is None:
         environ.pop("PYTHONPATH", None)
     else:
-        environ["PYTHONPATH"] = meant
+        environ["PYTHONPATH"] = os.pathsep.join(parts)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpclaunch import progress
 from hpclaunch.checkpoint import local, store
 from hpclaunch.checkpoint.group import Ranks, attempt_tag
 from hpclaunch.checkpoint.state import find_sharded
@@ -147,6 +148,7 @@ class _Saver:
 _saver = _Saver()
 
 
+@progress.pausing  # a save between two steps is no hang, however long
 def save(
     state: Mapping[str, Any],
     step: int,

@@ -28,6 +28,7 @@ from hpclaunch.job.spec import (
     EntryKind,
     JobSpec,
 )
+from hpclaunch.job.values import HANG_FLOOR_S, HANG_MULTIPLE
 
 if TYPE_CHECKING:
     from hpclaunch.slurm.submit import Submission
@@ -86,7 +87,8 @@ if TYPE_CHECKING:
     type=TYPES["hang_timeout"],
     help="Seconds without training progress (optimizer steps, hpclaunch.progress.beat) "
     "after which the workers count as hung: their stacks are saved and they restart in "
-    f"place; auto: {10:g} x the slowest step, at least {300:g} s; off. [default: auto]",
+    f"place; auto: {HANG_MULTIPLE:g} x the slowest step, at least {HANG_FLOOR_S:g} s; off. "
+    "[default: auto]",
 )
 @click.option(
     "--max-requeues",

@@ -49,6 +49,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from hpclaunch import progress
 from hpclaunch.checkpoint import store
 from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, device
 from hpclaunch.jobdir.atomic import fsync_folder
@@ -175,6 +176,20 @@ class StopCheckpoint(pl.Callback):
                 f"{sig.name if sig is not None else 'another rank signal'}; saved"
             )
             raise SIGTERMException  # ends fit() on every rank; the job is requeued
+
+    # Validation and testing take no optimizer steps: hpclaunch's hang watch must not
+    # take a long one for a hang (hpclaunch.progress.paused).
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        progress.set_paused(True)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        progress.set_paused(False)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        progress.set_paused(True)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        progress.set_paused(False)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A stop that came after the last batch would otherwise requeue a finished run

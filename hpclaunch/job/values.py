@@ -158,6 +158,8 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
 
 # --hang-timeout: the automatic timeout's words (hpclaunch.node.hangs documents them).
 HANG_AUTO, HANG_OFF = "auto", "off"
+HANG_FLOOR_S = 300.0  # auto: never less than this,
+HANG_MULTIPLE = 10.0  # and this many times the slowest step seen (hpclaunch.node.hangs)
 MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs in steps
 
 

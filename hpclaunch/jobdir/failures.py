@@ -43,6 +43,10 @@ SYMPTOMS = re.compile(
 # the rank a node names as hung (an error of that node's own), and the ranks that waited.
 HUNG = "hung:"
 WAITED_FOR_HANG = "stopped by the hang detector while it waited for a hung rank:"
+# A node on which hangs began this many times is a bad node (its agent restarts no more).
+HANGS_TO_BAD_NODE = 2
+# A rank its node named while the hang could not be put on one node: not its own error.
+NOT_BLAMED = "hung, with no node to blame:"
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class WorkerFailure:
     def waited(self) -> bool:
         """Whether this worker failed waiting for a peer that never answered (a
         collective's timeout): the echo of a hang elsewhere, not an error of its own."""
-        return timed_out(self.message) or self.message.startswith(WAITED_FOR_HANG)
+        return timed_out(self.message) or self.message.startswith((WAITED_FOR_HANG, NOT_BLAMED))
 
 
 @dataclass(frozen=True)
@@ -247,16 +251,20 @@ def classify(
         seen_on = tuple(sorted({found[4] for found in said}))
         return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3], seen_on=seen_on)
     erred: dict[str, list[str]] = {}
-    hung: dict[str, list[str]] = {}
+    hung: dict[str, dict[int, str]] = {}  # node -> attempt -> the hang it began
     for record in ordered:
         for worker in record.own_errors:
-            mine = hung if worker.message.startswith(HUNG) else erred
-            mine.setdefault(record.node, []).append(worker.message)
-    if not erred and hung and not set(hung) >= set(step_nodes):
-        # The hang detector named ranks of some nodes only: those nodes hang.
-        return Finding(Verdict.BAD_NODES, tuple(sorted(hung)), next(iter(hung.values()))[0])
+            if worker.message.startswith(HUNG):
+                hung.setdefault(record.node, {}).setdefault(record.attempt, worker.message)
+            else:
+                erred.setdefault(record.node, []).append(worker.message)
+    again = {node: list(began.values()) for node, began in hung.items()
+             if len(began) >= HANGS_TO_BAD_NODE}  # fmt: skip
+    if not erred and again and not set(again) >= set(step_nodes):
+        # Hangs began on some nodes only, on more than one attempt: those nodes hang.
+        return Finding(Verdict.BAD_NODES, tuple(sorted(again)), next(iter(again.values()))[0])
     if not erred:
-        waited = [m for messages in hung.values() for m in messages]
+        waited = [m for began in hung.values() for m in began.values()]
         waited += [w.message for r in ordered for w in r.workers if w.waited]
         return Finding(Verdict.HANG, message=waited[0]) if waited else Finding(Verdict.UNKNOWN)
     first = next(iter(erred.values()))[0]

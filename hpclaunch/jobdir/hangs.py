@@ -50,17 +50,21 @@ class HangReport:
     how: str  # that evidence, in words
     stacks: str  # the stacks file
 
-    def messages(self) -> dict[int, str]:
-        """rank -> the failure record's message for it (hpclaunch.jobdir.failures)."""
-        from hpclaunch.jobdir.failures import HUNG, WAITED_FOR_HANG
+    def messages(self, blamed: bool) -> dict[int, str]:
+        """rank -> the failure record's message for it (hpclaunch.jobdir.failures): the
+        ranks named are the node's own error only when the hang is ``blamed`` on it."""
+        from hpclaunch.jobdir.failures import HUNG, NOT_BLAMED, WAITED_FOR_HANG
 
         out = {}
         for seen in self.ranks:
-            if seen.rank in self.culprits:
-                step = f" after step {seen.step}" if seen.step is not None else ""
-                out[seen.rank] = f"{HUNG} {self.reason}{step}; {self.how}"
-            else:
+            step = f" after step {seen.step}" if seen.step is not None else ""
+            at = f" at {seen.where}" if seen.where else ""
+            if seen.rank not in self.culprits:
                 out[seen.rank] = f"{WAITED_FOR_HANG} {self.reason}"
+            else:
+                out[seen.rank] = (
+                    f"{HUNG if blamed else NOT_BLAMED} {self.reason}{step}; {self.how}{at}"
+                )
         return out
 
 
@@ -108,28 +112,50 @@ class FirstHung:
     stacks: tuple[str, ...]
 
 
+def began_on(reports: Sequence[HangReport]) -> str | None:
+    """The node one attempt's hang began on, where the nodes' reports show it: the one
+    node with a stopped worker; else the one node that named ranks of its own while every
+    rank the other nodes read waited in a collective. None when they cannot tell (more
+    than one such node, a stack not read, or no other node's report). Pure."""
+    stopped = {r.node for r in reports if any(s.state == "T" for s in r.ranks)}
+    if stopped:
+        return stopped.pop() if len(stopped) == 1 else None
+    named = [r for r in reports if r.culprits]
+    others = [s for r in reports if r.node not in {n.node for n in named} for s in r.ranks]
+    if len(named) == 1 and others and all(s.waiting for s in others):
+        return named[0].node
+    return None
+
+
 def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
-    """For each (requeue, attempt) among ``reports``: the rank it began with. Pure."""
+    """For each (requeue, attempt) among ``reports``: the rank it began with (see
+    ``began_on``), or none named. Pure."""
     by_attempt: dict[tuple[int, int], list[HangReport]] = {}
     for report in reports:
         by_attempt.setdefault((report.requeue, report.attempt), []).append(report)
     out = []
     for (requeue, attempt), some in sorted(by_attempt.items()):
-        seen = [(r, s) for r in some for s in r.ranks]
-        named = [(r, s) for r, s in seen if s.rank in r.culprits]
-        # Without a node's own evidence: the rank idle longest stopped first.
-        pool = named or [(r, s) for r, s in seen if s.idle_s is not None]
+        seen = [s for r in some for s in r.ranks]
+        waiting = sum(1 for s in seen if s.waiting)
+        read = sum(1 for s in seen if s.waiting is not None)
         stacks = tuple(r.stacks for r in some)
-        waiting = sum(1 for _, s in seen if s.waiting)
-        read = sum(1 for _, s in seen if s.waiting is not None)
-        if not pool:
-            out.append(FirstHung(requeue, attempt, None, "", None, None, some[0].reason,
-                                 waiting, read, stacks))  # fmt: skip
+        node = began_on(some)
+        if node is None:
+            named = sorted(rank for r in some for rank in r.culprits)
+            how = (
+                f"ranks {','.join(map(str, named))} were not waiting in a collective, on "
+                "more than one node"
+                if named
+                else "no rank was seen outside a collective"
+            )
+            out.append(FirstHung(requeue, attempt, None, "", None, None, how, waiting, read,
+                                 stacks))  # fmt: skip
             continue
-        report, rank = max(pool, key=lambda rs: (rs[1].idle_s or 0.0, -rs[1].rank))
-        how = report.how if named else "its progress ended first"
-        out.append(FirstHung(requeue, attempt, rank.rank, report.node, rank.step, rank.idle_s,
-                             how, waiting, read, stacks))  # fmt: skip
+        report = next(r for r in some if r.node == node)
+        rank = next(s for s in report.ranks if s.rank == min(report.culprits))
+        how = f"{report.how}{f' at {rank.where}' if rank.where else ''}"
+        out.append(FirstHung(requeue, attempt, rank.rank, node, rank.step, rank.idle_s, how,
+                             waiting, read, stacks))  # fmt: skip
     return out
 
 
@@ -137,7 +163,8 @@ def describe(hung: FirstHung) -> str:
     """One line for status and the batch log."""
     when = f"run {hung.requeue}, " if hung.requeue else ""
     if hung.rank is None:
-        return f"{when}attempt {hung.attempt}: {hung.how}; no rank named (stacks: {hung.stacks[0]})"
+        return (f"{when}attempt {hung.attempt}: the workers hung, no rank named ({hung.how}); "
+                f"{_waited(hung)}; stacks: {_files(hung.stacks)}")  # fmt: skip
     step = f" after step {hung.step}" if hung.step is not None else ""
     idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
     return (

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch import progress
-from hpclaunch.job.values import HANG_AUTO, HANG_OFF, parse_hang_timeout
+from hpclaunch.job.values import (
+    HANG_AUTO,
+    HANG_FLOOR_S,
+    HANG_MULTIPLE,
+    HANG_OFF,
+    parse_hang_timeout,
+)
 from hpclaunch.jobdir import hangs as reports
 from hpclaunch.jobdir.hangs import HangReport, RankAtHang
 from hpclaunch.jobdir.layout import JobFolder
@@ -34,16 +40,16 @@ from hpclaunch.node import procs, stacks
 
 log = logging.getLogger(__name__)
 
-FLOOR_S = 300.0  # the shortest automatic timeout
-MULTIPLE = 10.0  # the automatic timeout: this many times the slowest step seen
+FLOOR_S = HANG_FLOOR_S  # the shortest automatic timeout
+MULTIPLE = HANG_MULTIPLE  # the automatic timeout: this many times the slowest step seen
 CHECK_S = 0.5  # between two reads of the progress files
 NOTE_S = 10.0  # between two progress notes in the job folder
-REQUESTS_S = 2.0  # between two looks for `hpclaunch stacks` requests
+REQUESTS_S = 5.0  # between two looks for `hpclaunch stacks` requests (a shared folder)
 # After reading its ranks' stacks, a node waits this long before it ends its workers:
 # the other nodes find the hang within about CHECK_S of it, and must read their ranks'
 # stacks while those still wait (a rank whose peers are gone is on its way out).
 DEFER_S = 2.0
-STOPPED_NOTE = "(this worker is stopped: state T, SIGSTOP or a debugger)\n"
+STOPPED_NOTE = "(this worker is stopped: state T, SIGSTOP)\n"
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,8 @@ def judge(seen: Sequence[Seen], now: float, timeout: HangTimeout) -> Hang | None
         names = ", ".join(f"rank {s.rank}" for s in stopped)
         return Hang(f"{names} stopped (SIGSTOP) for {stopped[0].stopped_s:.0f} s", limit,
                     tuple(seen))  # fmt: skip
-    if not reported:
-        return None
+    if not reported or any(p.paused for p in reported):
+        return None  # before the first step, or in a pause the script announced
     idle = now - max(p.last for p in reported)
     if idle < limit:
         return None
@@ -122,7 +128,7 @@ def evidence(
     rank -> whether it is; None: no stack). Pure."""
     stopped = tuple(s.rank for s in seen if s.state == "T")
     if stopped:
-        return stopped, "stopped by a signal (SIGSTOP or a debugger)"
+        return stopped, "stopped by a signal (SIGSTOP)"
     outside = tuple(s.rank for s in seen if waiting.get(s.rank) is False)
     if outside:
         return outside, "not waiting in a collective"
@@ -154,6 +160,7 @@ class Watch:
         return {
             progress.PROGRESS_FILE: str(folder / f"local-{local_rank}.progress"),
             progress.STACKS_FILE: str(folder / f"local-{local_rank}.stacks"),
+            progress.WATCHER_PID: str(os.getpid()),
             **progress.boot_env(os.environ),
         }
 
@@ -198,9 +205,10 @@ class Watch:
     def read_stacks(self, seen: Sequence[Seen]) -> dict[int, str]:
         """rank -> its stack text, now."""
         folder = self.folder(self.attempt)
+        # Only the worker itself, not a python it started, answers the signal.
         handlers = {
-            s.rank: str(folder / f"local-{s.local_rank}.stacks")
-            for s in seen if s.progress is not None and s.progress.stacks_on_signal
+            s.rank: str(folder / f"local-{s.local_rank}.stacks") for s in seen
+            if s.progress is not None and s.progress.stacks_on_signal and s.progress.pid == s.pid
         }  # fmt: skip
         stopped = {s.rank for s in seen if s.state == "T"}
         read = stacks.read({s.rank: s.pid for s in seen}, stopped, handlers)
@@ -227,8 +235,6 @@ class Watch:
             )
             for s in hang.seen
         )  # fmt: skip
-        if culprits and how.startswith("not waiting"):
-            how = f"{how}; at {ranks[[r.rank for r in ranks].index(culprits[0])].where}"
         report = HangReport(self.node, self.node_rank, self.requeue, self.attempt, time.time(),
                             hang.reason, hang.limit_s, ranks, culprits, how,
                             str(stacks_file))  # fmt: skip
@@ -240,6 +246,14 @@ class Watch:
             log.warning("could not write the hang report into %s: %s", stacks_file.parent, exc)
         self.last_report = report
         return report
+
+    def began_here(self, report: HangReport) -> bool:
+        """Whether the hang of ``report``'s attempt began on this node, as every node's
+        report of it says (hpclaunch.jobdir.hangs.began_on); their reports are in the job
+        folder by now (each node waits DEFER_S after writing its own)."""
+        found = [r for r in reports.read_reports(self._job, self.requeue)
+                 if r.attempt == report.attempt and r.node != self.node]  # fmt: skip
+        return reports.began_on([report, *found]) == self.node
 
     def _answer_requests(self, seen: Sequence[Seen]) -> None:
         for request in reports.open_requests(self._job, self.node):

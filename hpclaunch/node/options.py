@@ -257,7 +257,8 @@ def guarded(
     if setpriv is not None:
         return setpriv, ("--pdeathsig", "KILL", "--", *command)
     guard = str(Path(__file__).with_name("worker_guard.py"))
-    return sys.executable, (guard, str(agent_pid), *command)
+    # -S: the guard is python too; the progress boot (on PYTHONPATH) is for the worker.
+    return sys.executable, ("-S", guard, str(agent_pid), *command)
 
 
 def starts_warm(opts: AgentSettings) -> bool:

@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
+from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE
 from hpclaunch.node import failfast, procs, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
@@ -59,9 +60,6 @@ OnFailure = Callable[[RunResult, int, Mapping[int, str]], str | None]
 # After a worker failed, how long the node's other workers get to fail by themselves
 # before they are stopped: a bug fails every worker at about the same point.
 SETTLE_S = 0.5
-# A node whose ranks hang first this many times is not restarted in place again: the
-# step fails, and the supervisor requeues the job without it (a bad node).
-HANGS_TO_BAD_NODE = 2
 
 
 class RecordingAgent(LocalElasticAgent):
@@ -92,7 +90,8 @@ class RecordingAgent(LocalElasticAgent):
         self._pidfds = Pidfds()
         self._hangs = hangs
         self._hung: dict[int, str] = {}  # rank -> message, in an attempt the watch stopped
-        self._hung_first = 0  # attempts whose hang this node's ranks began
+        self._hung_first = 0  # attempts whose hang began on this node
+        self._blamed = False  # the latest hang began on this node
         self.attempt = 0  # the job-wide attempt the workers run in (see _start_workers)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -130,9 +129,9 @@ class RecordingAgent(LocalElasticAgent):
         if self._hangs is None or self._pcontext is None:
             return {}
         ended = self._exit_codes()
-        if any(code != 0 for code in ended.values()):
-            return {}  # a worker failed: torch ends the attempt as it does for a crash
-        pids = {rank: pid for rank, pid in self._pcontext.pids().items() if rank not in ended}
+        if ended:  # failed: torch ends the attempt as after a crash; or some are done
+            return {}
+        pids = self._pcontext.pids()
         hang = self._hangs.check(pids)
         if hang is None:
             return {}
@@ -141,19 +140,21 @@ class RecordingAgent(LocalElasticAgent):
         log.error("hang report in %s (named: %s, %s)", report.stacks,
                   ",".join(map(str, report.culprits)) or "none", report.how)  # fmt: skip
         self._workers_ended(DEFER_S)  # the other nodes read their stacks meanwhile
+        killed = {s.rank for s in hang.seen if s.local_rank not in self._exit_codes()}
         for pid in pids.values():
             procs.kill_group(pid, signal.SIGKILL)
         self._workers_ended(LOST_PEER_GRACE_S)
-        return report.messages()
+        self._blamed = self._hangs.began_here(report)
+        # A rank that ended by itself meanwhile keeps its own message.
+        return {rank: m for rank, m in report.messages(self._blamed).items() if rank in killed}
 
     def _count_hang(self) -> None:
-        """The second hang that this node's ranks began: no more in-place restarts."""
-        report = self._hangs.last_report if self._hangs is not None else None
-        if report is None or not report.culprits:
+        """The second hang that began on this node: no more in-place restarts."""
+        if not self._blamed:
             return
         self._hung_first += 1
         if self._hung_first >= HANGS_TO_BAD_NODE and self._remaining_restarts > 0:
-            log.error("ranks of this node hung first %d times: not restarting them here again; "
+            log.error("hangs began on this node %d times: not restarting its workers again; "
                       "the job is requeued without this node where the supervisor can",
                       self._hung_first)  # fmt: skip
             self._remaining_restarts = 0

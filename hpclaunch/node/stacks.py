@@ -17,22 +17,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpclaunch.node import procs
 from hpclaunch.progress import stack_signal
 
 # How long one stack read may take (py-spy, or the signal handler's file to settle).
-READ_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 5.0
 _SETTLE_S = 0.2
 NO_PY_SPY = (
     "stopped: a stopped process runs no signal handler, so its stack needs py-spy "
     "(pip install py-spy on the nodes)"
 )
 
-# A frame in one of these waits for other ranks (a collective, DDP's or autograd's
-# backward, which waits for DDP's all-reduce) or is hpclaunch's own collective.
-_WAITING = re.compile(
-    r"(^|/)torch/(distributed|autograd|nn/parallel)/|(^|/)torch/_tensor\.py$"
-    r"|(^|/)hpclaunch/checkpoint/"
-)
+# An innermost frame in one of these waits for other ranks (a collective; autograd's
+# engine, which waits for DDP's all-reduce) or is hpclaunch's checkpointing.
+_WAITING = re.compile(r"(^|/)torch/(distributed|autograd|nn/parallel)/|(^|/)hpclaunch/checkpoint/")
 
 
 @dataclass(frozen=True)
@@ -67,16 +65,18 @@ def read(
     and a rank in ``stopped`` gets a note instead. A rank whose stack cannot be read gets
     a line that says why."""
     spy = py_spy() if spy == "" else spy
-    if spy is not None:
-        return _by_py_spy(spy, pids, timeout_s)
-    out: dict[int, str] = {}
+    out = _by_py_spy(spy, pids, timeout_s) if spy is not None else {}
+    # Where py-spy could not read a rank (no permission, a torn read): its own handler.
+    failed = [rank for rank in pids if out.get(rank, "no stack").startswith("no stack")]
+    if spy is not None and (not failed or all(r in stopped for r in failed)):
+        return out
     asked: dict[int, tuple[str, int]] = {}
-    for rank, pid in pids.items():
+    for rank, pid in {r: pids[r] for r in failed}.items():
         path = signal_files.get(rank)
         if rank in stopped:
-            out[rank] = NO_PY_SPY
+            out[rank] = out.get(rank) or NO_PY_SPY
         elif path is None:
-            out[rank] = "no stack: the worker has no stack handler (not a python worker?)"
+            out[rank] = out.get(rank) or "no stack: the worker has no stack handler"
         else:
             asked[rank] = (path, _size(path))
             try:
@@ -84,7 +84,7 @@ def read(
             except OSError as exc:
                 out[rank] = f"no stack: {exc.strerror}"
                 del asked[rank]
-    out.update(_written(asked, timeout_s))
+    out.update(_written(asked, {r: pids[r] for r in asked}, timeout_s))
     return out
 
 
@@ -120,9 +120,12 @@ def _size(path: str) -> int:
         return 0
 
 
-def _written(asked: Mapping[int, tuple[str, int]], timeout_s: float) -> dict[int, str]:
+def _written(
+    asked: Mapping[int, tuple[str, int]], pids: Mapping[int, int], timeout_s: float
+) -> dict[int, str]:
     """What each handler appended to its file, once the file has grown and then not
-    changed for _SETTLE_S (faulthandler writes the stacks in pieces)."""
+    changed for _SETTLE_S (faulthandler writes the stacks in pieces); a rank whose
+    process has ended or stopped is not waited for."""
     deadline = time.monotonic() + timeout_s
     seen = {rank: (before, time.monotonic()) for rank, (_, before) in asked.items()}
     while time.monotonic() < deadline:
@@ -131,7 +134,8 @@ def _written(asked: Mapping[int, tuple[str, int]], timeout_s: float) -> dict[int
             size = _size(path)
             if size != seen[rank][0]:
                 seen[rank] = (size, now)
-        if all(seen[r][0] > before and now - seen[r][1] >= _SETTLE_S
+        if all((seen[r][0] > before and now - seen[r][1] >= _SETTLE_S)
+               or procs.state(pids[r]) in ("", "Z", "T")
                for r, (_, before) in asked.items()):  # fmt: skip
             break
         time.sleep(0.05)
@@ -181,11 +185,14 @@ def parse(text: str) -> list[Thread]:
 
 
 def waiting(threads: Sequence[Thread]) -> bool | None:
-    """Whether the main thread waits for other ranks (a frame of torch's collectives or
-    backward); None when there is no stack to tell. Pure."""
+    """Whether the main thread waits for other ranks: its innermost frame is torch's
+    collectives or autograd's engine (where DDP's reduction is waited for), or hpclaunch's
+    checkpointing; None when there is no stack to tell. Only the innermost frame counts:
+    a rank stuck in its own code inside a forward or backward has torch frames below it.
+    Pure."""
     if not threads or not threads[0].frames:
         return None
-    return any(_WAITING.search(frame.file) for frame in threads[0].frames)
+    return bool(_WAITING.search(threads[0].frames[0].file))
 
 
 def in_script(threads: Sequence[Thread]) -> bool:

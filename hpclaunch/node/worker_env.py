@@ -21,6 +21,7 @@ CHECKPOINT_DIR = "HPCLAUNCH_CHECKPOINT_DIR"
 LOCAL_CHECKPOINT_DIR = "HPCLAUNCH_LOCAL_CHECKPOINT_DIR"
 PROGRESS_FILE = "HPCLAUNCH_PROGRESS_FILE"
 STACKS_FILE = "HPCLAUNCH_STACKS_FILE"
+WATCHER_PID = "HPCLAUNCH_WATCHER_PID"
 
 
 class SetBy(enum.Enum):
@@ -54,6 +55,7 @@ WORKER_VARS: tuple[WorkerVar, ...] = (
     ),
     WorkerVar(PROGRESS_FILE, SetBy.WATCH, "where the worker reports its progress"),
     WorkerVar(STACKS_FILE, SetBy.WATCH, "where the worker writes its stacks when asked"),
+    WorkerVar(WATCHER_PID, SetBy.WATCH, "the agent's pid, allowed to read the worker's stacks"),
 )
 
 

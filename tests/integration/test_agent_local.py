@@ -111,7 +111,7 @@ def test_sigkill_of_the_agent_leaves_no_worker(tmp_path: Path, guard: str) -> No
     launched_as = plan["launched_as"]
     assert plan["worker_start"] == start
     assert (guard == "setpriv") == launched_as[0].endswith("/setpriv")
-    assert (guard == "worker_guard") == launched_as[1].endswith("/worker_guard.py")
+    assert (guard == "worker_guard") == launched_as[2].endswith("/worker_guard.py")
     assert (guard == "zygote") == (launched_as[1:3] == ["-u", str(script)])
     with agent(script, tmp_path, job_id, "--worker-start", start, env=env) as proc:
         try:

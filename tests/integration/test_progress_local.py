@@ -82,3 +82,35 @@ def test_beat_reports_a_loop_without_an_optimizer(tmp_path: Path) -> None:
     assert done is not None and (done.count, done.step) == (5, 104)
     assert done.steps_per_s is not None and done.steps_per_s > 0
     assert progress.read(str(tmp_path / "none")) is None  # no worker wrote it
+
+
+# Two optimizers step in each training step (a GAN's), and a launcher between the agent
+# and this python added a folder of its own to PYTHONPATH.
+TWO_OPTIMIZERS = """
+import os, sys
+import torch
+a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+first, second = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+for _ in range(4):
+    for model, optimizer in ((a, first), (b, second)):
+        model(torch.ones(2)).sum().backward()
+        optimizer.step()
+print(os.environ.get("PYTHONPATH"))
+"""
+
+
+def test_a_fresh_python_without_a_sitecustomize_of_its_own_starts_cleanly(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "gan.py"
+    script.write_text(TWO_OPTIMIZERS)
+    path = tmp_path / "rank.progress"
+    env = base_env(**{progress.PROGRESS_FILE: str(path)})
+    env.update(progress.boot_env(env))
+    env["PYTHONPATH"] = f"{tmp_path / 'src'}:{env['PYTHONPATH']}"  # the launcher's own
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert done.stderr == ""  # no "Error in sitecustomize"
+    assert done.stdout.strip() == str(tmp_path / "src")  # the launcher's part stays
+    counted = progress.read(str(path))
+    assert counted is not None and counted.count == 4  # one per training step

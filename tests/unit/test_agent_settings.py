@@ -111,8 +111,9 @@ def test_worker_command_and_env() -> None:
     binary = worker_command(AgentOptions("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE))
     assert binary == ("/bin/app", "a")
     entry, args = guarded(("/bin/app", "a"), 4321, None)
-    assert entry == sys.executable and args[0].endswith("hpclaunch/node/worker_guard.py")
-    assert args[1:] == ("4321", "/bin/app", "a")
+    assert entry == sys.executable and args[0] == "-S"  # the guard skips the progress boot
+    assert args[1].endswith("hpclaunch/node/worker_guard.py")
+    assert args[2:] == ("4321", "/bin/app", "a")
     assert guarded(("/bin/app", "a"), 4321, "/usr/bin/setpriv") == (
         "/usr/bin/setpriv",
         ("--pdeathsig", "KILL", "--", "/bin/app", "a"),

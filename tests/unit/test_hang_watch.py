@@ -9,6 +9,7 @@ from hpclaunch.errors import SpecError
 from hpclaunch.jobdir import hangs
 from hpclaunch.jobdir.failures import (
     HUNG,
+    NOT_BLAMED,
     WAITED_FOR_HANG,
     NodeRecord,
     Verdict,
@@ -69,7 +70,7 @@ def test_the_evidence_is_a_stopped_worker_then_one_outside_a_collective() -> Non
     workers = [seen(0, 1.0), seen(1, 1.0, state="T")]
     assert evidence(workers, {0: True, 1: None}) == (
         (1,),
-        "stopped by a signal (SIGSTOP or a debugger)",
+        "stopped by a signal (SIGSTOP)",
     )
     workers = [seen(0, 1.0), seen(1, 1.0)]
     assert evidence(workers, {0: True, 1: False}) == ((1,), "not waiting in a collective")
@@ -77,25 +78,28 @@ def test_the_evidence_is_a_stopped_worker_then_one_outside_a_collective() -> Non
     assert evidence(workers, {0: True, 1: None})[0] == ()  # no stack: no evidence
 
 
-def record(node: str, rank: int, message: str) -> NodeRecord:
-    return NodeRecord(node, rank, 0, 0, float(rank), (WorkerFailure(rank, -9, message),))
+def record(node: str, rank: int, message: str, attempt: int = 0) -> NodeRecord:
+    return NodeRecord(node, rank, 0, attempt, float(rank), (WorkerFailure(rank, -9, message),))
 
 
-def test_a_hang_named_on_some_nodes_makes_them_bad_nodes() -> None:
+def test_a_node_that_began_two_hangs_is_a_bad_node_and_one_hang_is_not() -> None:
     records = [record("n1", 0, f"{WAITED_FOR_HANG} no progress"), record("n2", 1, f"{HUNG} x")]
+    assert classify(records, ["n1", "n2"]).verdict is Verdict.HANG
+    records.append(record("n2", 1, f"{HUNG} y", attempt=1))
     finding = classify(records, ["n1", "n2"])
     assert finding.verdict is Verdict.BAD_NODES and finding.nodes == ("n2",)
 
 
-def test_a_hang_named_on_every_node_is_a_hang_not_a_bug() -> None:
+def test_hangs_begun_on_every_node_or_on_none_are_a_hang_not_a_bug() -> None:
     records = [record("n1", 0, f"{HUNG} a"), record("n2", 1, f"{HUNG} b")]
+    records += [record("n1", 0, f"{HUNG} a", 1), record("n2", 1, f"{HUNG} b", 1)]
     assert classify(records, ["n1", "n2"]).verdict is Verdict.HANG
-    waited = [record("n1", 0, f"{WAITED_FOR_HANG} no progress")]
-    assert classify(waited, ["n1"]).verdict is Verdict.HANG
+    waited = [record("n1", 0, f"{NOT_BLAMED} no progress"), record("n2", 1, f"{NOT_BLAMED} x")]
+    assert classify(waited, ["n1", "n2"]).verdict is Verdict.HANG
 
 
-def at_hang(rank: int, idle: float | None, waiting: bool | None) -> hangs.RankAtHang:
-    return hangs.RankAtHang(rank, rank % 2, 100 + rank, "S", 12, idle, waiting, "f (t.py:1)")
+def at_hang(rank: int, waiting: bool | None, state: str = "S") -> hangs.RankAtHang:
+    return hangs.RankAtHang(rank, rank % 2, 100 + rank, state, 12, 6.0, waiting, "f (t.py:1)")
 
 
 def report(
@@ -107,24 +111,40 @@ def report(
                             how, stacks)  # fmt: skip
 
 
-def test_the_rank_named_by_its_node_is_the_one_the_hang_began_with() -> None:
+def test_the_hang_began_where_a_node_named_ranks_and_every_other_rank_waited() -> None:
     reports = [
-        report("n1", (at_hang(0, 9.0, True), at_hang(1, 9.0, True)), ()),
-        report("n2", (at_hang(2, 6.0, False), at_hang(3, 6.0, True)), (2,)),
+        report("n1", (at_hang(0, True), at_hang(1, True)), ()),
+        report("n2", (at_hang(2, False), at_hang(3, True)), (2,)),
     ]
+    assert hangs.began_on(reports) == "n2"
     [first] = hangs.first_hung(reports)
-    assert (first.rank, first.node, first.waiting) == (2, "n2", 3)
+    assert (first.rank, first.node, first.waiting, first.read) == (2, "n2", 3, 4)
     assert hangs.describe(first) == (
         "attempt 0: rank 2 on n2 hung after step 12, no progress for 6 s (not waiting in a "
-        "collective); 3 of the 4 ranks read waited in a collective; stacks: "
+        "collective at f (t.py:1)); 3 of the 4 ranks read waited in a collective; stacks: "
         "/j/hangs/requeue-0/attempt-0-node-*.txt"
     )
+    assert hangs.began_on(reports[1:]) is None  # no other node's word: no blame
 
 
-def test_without_a_named_rank_the_one_idle_longest_is_taken() -> None:
-    reports = [report("n1", (at_hang(0, 7.0, True), at_hang(1, 9.0, True)), ())]
+def test_a_stopped_worker_names_its_node_whatever_the_stacks_say() -> None:
+    reports = [
+        report("n1", (at_hang(0, None, "T"), at_hang(1, False)), (0,)),
+        report("n2", (at_hang(2, False), at_hang(3, None)), (2,)),
+    ]
+    assert hangs.began_on(reports) == "n1"
+
+
+def test_ranks_named_on_two_nodes_name_no_rank() -> None:
+    """Each node saw ranks outside a collective (a rank waiting in work.wait() looks so):
+    nobody can tell which began it, and no node is blamed."""
+    reports = [
+        report("n1", (at_hang(0, False), at_hang(1, True)), (0,)),
+        report("n2", (at_hang(2, False), at_hang(3, True)), (2,)),
+    ]
+    assert hangs.began_on(reports) is None
     [first] = hangs.first_hung(reports)
-    assert (first.rank, first.how) == (1, "its progress ended first")
+    assert first.rank is None and "ranks 0,2 were not waiting" in hangs.describe(first)
 
 
 def note(node: str, rate: float) -> hangs.NodeProgress:

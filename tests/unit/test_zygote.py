@@ -46,7 +46,7 @@ def test_which_workers_start_warm() -> None:
     assert launched_as(binary, 4321, "/usr/bin/setpriv")[0] == "/usr/bin/setpriv"
     fresh = AgentOptions("t.py", (), worker_start=WorkerStart.FRESH)
     assert not starts_warm(fresh)
-    assert launched_as(fresh, 4321, None)[1][0].endswith("worker_guard.py")
+    assert launched_as(fresh, 4321, None)[1][1].endswith("worker_guard.py")
 
 
 @pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (256 + 7, 7), (True, 1)])

@@ -14,7 +14,7 @@ from typing import Any
 def _boot() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if not p or os.path.abspath(p) != here]
-    del sys.modules["sitecustomize"]
+    me = sys.modules.pop("sitecustomize")
     progress: Any = None
     try:
         from hpclaunch import progress
@@ -30,6 +30,7 @@ def _boot() -> None:
     except ImportError as exc:
         if exc.name != "sitecustomize":
             raise
+        sys.modules["sitecustomize"] = me  # importlib takes its own entry back out
     if progress is not None:
         progress.install(os.environ)
 
