@@ -163,7 +163,7 @@ def test_a_node_that_hangs_every_time_is_kept_out_of_the_requeue(
     named = [(f.requeue, f.attempt, f.node) for f in hangs.first_hung(
         hangs.read_reports(JobFolder(job.job_dir)))]  # fmt: skip
     assert named == [(0, 0, hanging), (0, 1, hanging)]
-    assert "hung first 2 times: not restarting them here again" in job.log
+    assert "hangs began on this node 2 times: not restarting its workers again" in job.log
     assert f"supervisor: failure records: errors on some nodes only {hanging}" in job.log
 
 
