@@ -85,8 +85,15 @@ class Progress:
         return (self.count - 1) / span if self.count > 1 and span > 0 else None
 
 
+_PACK = _LAYOUT.pack_into
+
+
 class _Board:
-    """This worker's progress file, mapped: each report is one write into memory."""
+    """This worker's progress file, mapped: each report is one write into memory (kept
+    lean: it runs at every optimizer step)."""
+
+    __slots__ = ("_map", "base", "count", "explicit", "first", "flags", "last", "pid",
+                 "slowest", "step")  # fmt: skip
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -101,25 +108,27 @@ class _Board:
         self.count = 0
         self.step = -1
         self.first = self.last = self.slowest = 0.0
+        self.pid = os.getpid()  # the writer: the process that opened it
         self.write()
 
     def write(self) -> None:
-        _LAYOUT.pack_into(self._map, 0, _MAGIC, self.flags, self.count, self.step,
-                          self.first, self.last, self.slowest, os.getpid())  # fmt: skip
+        _PACK(self._map, 0, _MAGIC, self.flags, self.count, self.step, self.first, self.last,
+              self.slowest, self.pid)  # fmt: skip
 
     def beat(self, step: int | None) -> None:
-        now = time.monotonic()
-        if self.count:
+        now = _monotonic()
+        count = self.count
+        if count:
             interval = now - self.last
             if interval > self.slowest:
                 self.slowest = interval
         else:
             self.first = now
-        self.count += 1
+        self.count = count = count + 1
         self.last = now
-        self.step = self.base + self.count if step is None else step
-        _LAYOUT.pack_into(self._map, 0, _MAGIC, self.flags, self.count, self.step,
-                          self.first, now, self.slowest, os.getpid())  # fmt: skip
+        self.step = self.base + count if step is None else step
+        _PACK(self._map, 0, _MAGIC, self.flags, count, self.step, self.first, now,
+              self.slowest, self.pid)  # fmt: skip
 
 
 _board: _Board | None = None
@@ -239,18 +248,22 @@ def _dump_stacks_on_signal(path: str) -> bool:
 
 
 _counted: list[weakref.ref[object]] = []  # the optimizer whose steps count
+_monotonic = time.monotonic
 
 
 def _after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
     """One step of the first optimizer stepped (a GAN's second one, or the inner
     optimizer of a wrapper, steps in the same training step); none once the script
     reports its own steps with beat()."""
-    if _board is None or _board.explicit:
+    board = _board
+    if board is None or board.explicit:
         return
-    if not _counted or _counted[0]() is None:
+    counted = _counted[0]() if _counted else None
+    if counted is None:
         _counted[:] = [weakref.ref(optimizer)]
-    if _counted[0]() is optimizer:
-        _board.beat(None)
+        counted = optimizer
+    if counted is optimizer:
+        board.beat(None)
 
 
 def _hook(module: ModuleType) -> None:
