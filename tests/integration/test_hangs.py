@@ -17,7 +17,13 @@ from hpclaunch.jobdir import hangs
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import EXAMPLES, Job, digest_of, uninterrupted_digest
+from tests.integration.training_jobs import (
+    EXAMPLES,
+    Job,
+    check_restarted_in_place,
+    digest_of,
+    uninterrupted_digest,
+)
 from tests.integration.training_jobs import submit as submit_script
 
 pytestmark = pytest.mark.integration
@@ -46,14 +52,7 @@ def hang_line(job: Job) -> dict[str, float]:
 def check_one_restart(job: Job, uninterrupted: str) -> list[hangs.HangReport]:
     """The job ended as an uninterrupted run, after one restart in place from step 10;
     both nodes reported the hang of attempt 0, with the stacks of all their ranks."""
-    assert job.wait_end() == "COMPLETED", job.log
-    assert digest_of(job) == uninterrupted
-    starts = job.lines("START")
-    assert [(s["attempt"], s["requeue"], s["step"]) for s in starts] == [
-        ("0", "0", 0),
-        ("1", "0", 10),
-    ]
-    assert job.history() == [(0, "completed", "none")]
+    check_restarted_in_place(job, uninterrupted)  # as after a crash: the same digest
     reports = hangs.read_reports(JobFolder(job.job_dir))
     assert sorted((r.attempt, r.node_rank) for r in reports) == [(0, 0), (0, 1)], reports
     for report in reports:

@@ -164,8 +164,8 @@ CRASH = ("--crash-rank", "3", "--crash-at", "12")
 
 
 def check_restarted_in_place(job: Job, uninterrupted: str) -> None:
-    """A job submitted with ``CRASH`` (and checkpoints every 5 steps) ends as an
-    uninterrupted one, after one restart in place from the checkpoint of step 9."""
+    """A job submitted with ``CRASH``, or a rank that hangs at step 12 (checkpoints every
+    5 steps), ends as an uninterrupted one, after one restart in place from step 9's."""
     assert job.wait_end() == "COMPLETED", job.log
     assert digest_of(job) == uninterrupted
     starts = job.lines("START")
