@@ -56,7 +56,9 @@ with open(os.path.join(out, f"report-{os.environ['RANK']}.json"), "w") as f:
 """
 
 # Environment variables that differ between any two runs, whatever the start.
-VOLATILE = {"TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "OUT"}
+# Differ between the two runs (each has its own agent), not between the starts.
+VOLATILE = {"TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "OUT",
+            "HPCLAUNCH_WATCHER_PID"}  # fmt: skip
 
 # How the script ends, and what the agent must make of it: (code, exit status).
 ENDINGS = {
