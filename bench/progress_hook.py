@@ -15,9 +15,9 @@ process-global), ``--rounds`` of each kind, the kinds alternating:
   the median over the cycles of (A - B). Two kinds of block, interleaved: ``opt.step()``
   alone on fixed gradients, and a whole training step (zero_grad, forward, loss,
   backward, step). Times are the thread's CPU time, so that the time other processes
-  hold the CPU is not counted. At the end it times ``beat()`` per call against a call of
-  an empty function, and checks that the progress file counted every attached step and
-  beat.
+  hold the CPU is not counted. At the end it times ``beat()``, ``report(loss=x)`` and
+  ``beat(loss=x)`` per call against a call of an empty function, and checks that the
+  progress file counted every attached step and beat and holds the loss reported.
 - **plain** (the anchor): torch alone, hpclaunch not imported while it steps, the same
   schedule of blocks with no hook in any: its (A - B) is what the method reads where
   there is nothing to find (the noise floor). Then ``beat()`` outside a job (no
@@ -122,16 +122,30 @@ def child(kind: str, cycles: int, block: int, progress_file: str) -> dict[str, o
         for _ in range(count):
             noop()
 
+    def report_loop(count: int) -> None:
+        for index in range(count):
+            progress.report(loss=index * 1e-3)
+
+    def beat_metric_loop(count: int) -> None:
+        for index in range(count):
+            progress.beat(loss=index * 1e-3)
+
     calls = block * 10
-    beats, noops = [], []
+    beats, noops, reports, beat_metrics = [], [], [], []
     for _ in range(5):
         beats.append(_timed(beat_loop, calls))
         noops.append(_timed(noop_loop, calls))
+        reports.append(_timed(report_loop, calls))
+        beat_metrics.append(_timed(beat_metric_loop, calls))
     out: dict[str, object] = {
         "times": times, "beat": statistics.median(beats), "noop": statistics.median(noops),
+        "report": statistics.median(reports), "beat_metric": statistics.median(beat_metrics),
     }  # fmt: skip
     if kind == "hooked":
-        counted += 5 * calls
+        counted += 10 * calls
+        metrics = progress.read_metrics(progress_file)
+        if set(metrics) != {"loss"}:
+            raise RuntimeError(f"the metrics file says {metrics}, not the loss reported")
         seen = progress.read(progress_file)
         if seen is None or seen.count != counted:
             raise RuntimeError(f"the progress file says {seen}, not {counted} steps")
@@ -228,7 +242,11 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, object]]]
         "beat(), progress file open, less an empty call",
         [b - n for b, n in zip(beat, noop, strict=True)],
     )
+    row("report(loss=x), progress file open (metrics written at most 1/s)",
+        scalar("hooked", "report"))  # fmt: skip
+    row("beat(loss=x), progress file open", scalar("hooked", "beat_metric"))
     row("beat(), outside a job (no progress file)", scalar("plain", "beat"))
+    row("report(loss=x), outside a job", scalar("plain", "report"))
     row("a call of an empty function (reference)", noop)
     print()
     for line in verdicts:

@@ -39,7 +39,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hpclaunch import checkpoint
+from hpclaunch import checkpoint, progress
 
 FEATURES, HIDDEN, BATCH_PER_RANK = 16, 32, 8
 
@@ -108,6 +108,7 @@ def main() -> None:
         requeue, attempt = env.get("HPCLAUNCH_REQUEUE_COUNT"), env.get("HPCLAUNCH_ATTEMPT")
         say("START", step=start, world_size=world, requeue=requeue, attempt=attempt)
 
+    progress.report(total=args.steps)  # for `hpclaunch status`: step out of how many, ETA
     step = start
     for step in range(start, args.steps):
         if args.bad_node is not None and node == args.bad_node:
@@ -128,7 +129,8 @@ def main() -> None:
             assert param.grad is not None
             dist.all_reduce(param.grad)
             param.grad /= world
-        optimizer.step()
+        optimizer.step()  # counts the step for `hpclaunch status` by itself
+        progress.report(loss=loss.item())  # shown there too (this rank's, the lowest's)
         if args.step_time:
             time.sleep(args.step_time)
         if rank == 0 and step == start:

@@ -35,27 +35,25 @@ import struct
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, TypeVar, cast
 
+from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.node.worker_env import PROGRESS_FILE as PROGRESS_FILE
 from hpclaunch.node.worker_env import STACKS_FILE as STACKS_FILE
 from hpclaunch.node.worker_env import WATCHER_PID as WATCHER_PID
 
-# The fresh workers' boot (hpclaunch/node/progress_boot/sitecustomize.py) rides on
-# PYTHONPATH; the value the worker was meant to have is kept here and put back.
-SAVED_PYTHONPATH = "HPCLAUNCH_SAVED_PYTHONPATH"
-BOOT_FOLDER = os.path.join(os.path.dirname(__file__), "node", "progress_boot")
-
 # magic, flags, progress count, the script's step (-1: none given), first and last
 # progress (CLOCK_MONOTONIC, the same for every process of the node), slowest interval,
-# the pid of the process that writes the file.
-_LAYOUT = struct.Struct("<4sIqqdddq")
+# the pid of the process that writes the file, the steps the run is to take (-1: unknown).
+_LAYOUT = struct.Struct("<4sIqqdddqq")
 _MAGIC = b"HPCp"
 STACKS_ON_SIGNAL = 1  # flag: the writer dumps its stacks on stack_signal()
 PAUSED = 2  # flag: the script said a pause between steps has begun (see paused())
+JOB_STEPS = 4  # flag: the steps are the job's (resumed_from, or the script's own numbers)
 PR_SET_PTRACER = 0x59616D61  # Yama: who besides our ancestors may read our memory
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 
@@ -78,6 +76,8 @@ class Progress:
     stacks_on_signal: bool
     paused: bool = False
     pid: int = 0  # the process that writes it
+    total: int | None = None  # the steps the run is to take, when the script said
+    job_steps: bool = False  # ``step`` counts on from a resumed checkpoint (or is the script's)
 
     @property
     def steps_per_s(self) -> float | None:
@@ -92,8 +92,8 @@ class _Board:
     """This worker's progress file, mapped: each report is one write into memory (kept
     lean: it runs at every optimizer step)."""
 
-    __slots__ = ("_map", "base", "count", "explicit", "first", "flags", "last", "pid",
-                 "slowest", "step")  # fmt: skip
+    __slots__ = ("_map", "base", "count", "explicit", "first", "flags", "last", "metrics",
+                 "metrics_path", "metrics_written", "pid", "slowest", "step", "total")  # fmt: skip
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -109,11 +109,32 @@ class _Board:
         self.step = -1
         self.first = self.last = self.slowest = 0.0
         self.pid = os.getpid()  # the writer: the process that opened it
+        self.total = -1
+        self.metrics: dict[str, float] = {}
+        self.metrics_path = metrics_path(path)
+        self.metrics_written = -METRICS_EVERY_S
         self.write()
 
     def write(self) -> None:
         _PACK(self._map, 0, _MAGIC, self.flags, self.count, self.step, self.first, self.last,
-              self.slowest, self.pid)  # fmt: skip
+              self.slowest, self.pid, self.total)  # fmt: skip
+
+    def report(self, total: int | None, metrics: Mapping[str, object]) -> None:
+        """The run's length and the script's latest metrics (see ``report``): the length
+        into the map, the metrics into their own file at most every METRICS_EVERY_S."""
+        if total is not None and total != self.total:
+            self.total = _whole(total)
+            self.write()
+        if not metrics:
+            return
+        for key, value in metrics.items():
+            self.metrics[key] = _number(key, value)
+        now = _monotonic()
+        if now - self.metrics_written >= METRICS_EVERY_S:
+            self.metrics_written = now
+            # Metrics are worth less than the run: a failed write waits for the next report.
+            with contextlib.suppress(OSError):
+                write_bytes_atomic(Path(self.metrics_path), json.dumps(self.metrics).encode())
 
     def beat(self, step: int | None) -> None:
         now = _monotonic()
@@ -128,21 +149,74 @@ class _Board:
         self.last = now
         self.step = self.base + count if step is None else step
         _PACK(self._map, 0, _MAGIC, self.flags, count, self.step, self.first, now,
-              self.slowest, self.pid)  # fmt: skip
+              self.slowest, self.pid, self.total)  # fmt: skip
+
+
+# The script's metrics reach its file at most this often (each write is a small file).
+METRICS_EVERY_S = 1.0
+
+
+def metrics_path(progress_file: str) -> str:
+    """Where a worker's metrics are, next to its progress file."""
+    return progress_file + ".metrics.json"
+
+
+def _whole(total: object) -> int:
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ValueError(
+            f"hpclaunch.progress: total={total!r} is not a step count; pass the number of "
+            "steps the run is to take (an int, 0 or more)"
+        )
+    return total
+
+
+def _number(key: str, value: object) -> float:
+    """A number, or what ``float()`` takes (a CUDA tensor would wait for the GPU)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"hpclaunch.progress: metric {key}={value!r} is not a number; pass "
+                        "a float (for a tensor, its .item())") from None  # fmt: skip
 
 
 _board: _Board | None = None
 _opened = False
 
 
-def beat(step: int | None = None) -> None:
+def beat(step: int | None = None, total: int | None = None, **metrics: float) -> None:
     """Report one step of progress (``step``: the script's own step number). Call it once
     per step in a loop that does not step a torch optimizer (those count by themselves).
-    Outside a job hpclaunch launched it does nothing."""
+    ``total`` and ``metrics`` are as in ``report``. Outside a job hpclaunch launched it
+    does nothing.
+
+        hpclaunch.progress.beat(total=args.steps, loss=loss.item())
+    """
     board = _board if _opened else _open(os.environ)
     if board is not None:
         board.explicit = True
+        if step is not None:
+            board.flags |= JOB_STEPS
         board.beat(step)
+        if total is not None or metrics:
+            board.report(total, metrics)
+
+
+def report(
+    total: int | None = None, metrics: Mapping[str, float] | None = None, **named: float
+) -> None:
+    """Tell ``hpclaunch status`` how many steps the run is to take (``total``: for a step
+    out of how many and an ETA) and the script's latest metrics (numbers, by name, in
+    ``metrics`` or as keywords: the last values are shown), without counting a step:
+    for a script whose optimizer steps count by themselves. Cheap enough for every step
+    (metrics reach the agent at most once a second). Outside a job hpclaunch launched
+    it does nothing.
+
+        hpclaunch.progress.report(total=len(loader) * epochs)   # once
+        hpclaunch.progress.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])
+    """
+    board = _board if _opened else _open(os.environ)
+    if board is not None:
+        board.report(total, {**(metrics or {}), **named})
 
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
@@ -194,6 +268,8 @@ def resumed_from(step: int) -> None:
     board = _board if _opened else _open(os.environ)
     if board is not None:
         board.base = step + 1 - board.count
+        board.flags |= JOB_STEPS
+        board.write()
 
 
 def _open(env: Mapping[str, str]) -> _Board | None:
@@ -305,32 +381,20 @@ def read(path: str) -> Progress | None:
         return None
     if len(data) < _LAYOUT.size:
         return None
-    magic, flags, count, step, first, last, slowest, pid = _LAYOUT.unpack(data)
+    magic, flags, count, step, first, last, slowest, pid, total = _LAYOUT.unpack(data)
     if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
         return None
     return Progress(count, step, first, last, slowest, bool(flags & STACKS_ON_SIGNAL),
-                    bool(flags & PAUSED), pid)  # fmt: skip
+                    bool(flags & PAUSED), pid, total if total >= 0 else None,
+                    bool(flags & JOB_STEPS))  # fmt: skip
 
 
-def boot_env(env: Mapping[str, str]) -> dict[str, str]:
-    """What the agent adds to a worker's environment ``env`` so that a fresh python
-    installs progress reporting before the script (the boot folder first on PYTHONPATH,
-    the value meant kept in SAVED_PYTHONPATH); ``unboot`` in the worker puts it back."""
-    meant = env.get("PYTHONPATH")
-    parts = [BOOT_FOLDER, meant] if meant else [BOOT_FOLDER]
-    return {"PYTHONPATH": os.pathsep.join(parts), SAVED_PYTHONPATH: json.dumps(meant)}
-
-
-def unboot(environ: MutableMapping[str, str]) -> None:
-    """Take the boot folder out of PYTHONPATH again (see ``boot_env``), keeping what a
-    launcher in between added; unset when it was unset and nothing else is left."""
-    saved = environ.pop(SAVED_PYTHONPATH, None)
-    if saved is None:
-        return
-    parts = environ.get("PYTHONPATH", "").split(os.pathsep)
-    if BOOT_FOLDER in parts:
-        parts.remove(BOOT_FOLDER)
-    if parts == [] and json.loads(saved) is None:
-        environ.pop("PYTHONPATH", None)
-    else:
-        environ["PYTHONPATH"] = os.pathsep.join(parts)
+def read_metrics(progress_file: str) -> dict[str, float]:
+    """A worker's latest metrics (see ``report``); empty when it reported none."""
+    try:
+        data = json.loads(Path(metrics_path(progress_file)).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}

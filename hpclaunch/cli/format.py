@@ -49,6 +49,10 @@ def render_status(status: JobStatus) -> str:
         lines.append(f"  last save:       {status.last_save}")
     if status.progress:
         lines.append(f"  progress:        {status.progress}")
+    for restart in status.restarts:
+        lines.append(f"  restart:         {restart}")
+    for loss in status.lost_work:
+        lines.append(f"  lost work:       {loss.text()}")
     for hang in status.hangs:
         lines.append(f"  hang:            {hang}")
     for run in status.runs:

@@ -40,7 +40,9 @@ batches again.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,7 @@ class StopCheckpoint(pl.Callback):
         self._flag = Preemption()
         self._saved_step = -1
         self._step_before = -1  # global_step when the current batch started
+        self._next_metrics = 0.0  # when the logged metrics are next read (monotonic)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -152,6 +155,7 @@ class StopCheckpoint(pl.Callback):
         self._flag = Preemption.install(STOP_SIGNALS)
         self._saved_step = trainer.global_step  # loaded from a checkpoint, or 0
         _same_step_everywhere(trainer)
+        _report_progress(trainer)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -165,6 +169,10 @@ class StopCheckpoint(pl.Callback):
         step = trainer.global_step
         if step == self._step_before:  # within gradient accumulation: not a boundary
             return
+        now = time.monotonic()
+        if now >= self._next_metrics:
+            self._next_metrics = now + progress.METRICS_EVERY_S
+            _report_metrics(trainer)
         stopping = self._flag.should_stop()  # a collective: every rank, every step
         due = self.every_n_steps is not None and step % self.every_n_steps == 0
         if (stopping or due) and step != self._saved_step:
@@ -232,6 +240,30 @@ def _ends_batches(callback: pl.Callback) -> bool:
     if isinstance(callback, Checkpoint):
         return False
     return type(callback).on_train_batch_end is not pl.Callback.on_train_batch_end
+
+
+def _report_progress(trainer: pl.Trainer) -> None:
+    """Tell hpclaunch's progress the step training resumed from (its count is the
+    job's then, as ``hpclaunch status`` and the lost work need) and the run's length."""
+    if trainer.global_step > 0:
+        progress.resumed_from(trainer.global_step - 1)  # the index of the last step done
+    try:
+        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # not known: none shown
+        return
+    if isinstance(total, int) or (isinstance(total, float) and math.isfinite(total)):
+        progress.report(total=int(total))
+
+
+def _report_metrics(trainer: pl.Trainer) -> None:
+    """The scalars the module logged (``self.log``), for ``hpclaunch status``: each
+    is read off the device, so only every METRICS_EVERY_S."""
+    metrics = {}
+    for key, value in trainer.callback_metrics.items():
+        if getattr(value, "numel", lambda: 1)() == 1:
+            metrics[key] = float(value)
+    if metrics:
+        progress.report(metrics=metrics)
 
 
 def _same_step_everywhere(trainer: pl.Trainer) -> None:

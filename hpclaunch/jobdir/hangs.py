@@ -208,6 +208,7 @@ class RankProgress:
     steps_per_s: float | None
     slowest_s: float  # the longest time between two of its steps
     idle_s: float  # since its last step, when the note was written
+    job_steps: bool = False  # step counts on from the checkpoint it resumed (or is its own)
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,9 @@ class NodeProgress:
     attempt: int
     time: float  # when the note was written (wall clock)
     ranks: tuple[RankProgress, ...] = field(default=())
+    total: int | None = None  # the steps the run is to take, as the script said
+    metrics: dict[str, float] = field(default_factory=dict)  # its lowest rank's latest
+    metrics_rank: int | None = None
 
 
 def write_progress(job: JobFolder, requeue: int, note: NodeProgress) -> None:
@@ -235,42 +239,6 @@ def read_progress(job: JobFolder, requeue: int) -> list[NodeProgress]:
         except (OSError, ValueError, TypeError, KeyError):
             continue
     return out
-
-
-# A node whose steps per second are below this share of the fastest node's is named.
-SLOWER = 0.9
-# From how long without a step the progress line says so (a hang, a pause, or the end).
-IDLE_SHOWN_S = 30.0
-
-
-def progress_line(notes: Sequence[NodeProgress], now: float | None = None) -> str | None:
-    """ "step S, R steps/s; slowest node N (x s/step, the others y)" from the nodes'
-    notes of the latest attempt; None without progress. Pure but for the clock."""
-    if not notes:
-        return None
-    attempt = max(n.attempt for n in notes)
-    latest = [n for n in notes if n.attempt == attempt and n.ranks]
-    if not latest:
-        return None
-    now = time.time() if now is None else now
-    step = min(r.step for n in latest for r in n.ranks)
-    rates = {n.node: min((r.steps_per_s for r in n.ranks if r.steps_per_s), default=None)
-             for n in latest}  # fmt: skip
-    known = {node: rate for node, rate in rates.items() if rate}
-    age = now - max(n.time for n in latest)
-    text = f"step {step} (attempt {attempt}, noted {age:.0f} s ago)"
-    idle = age + min(r.idle_s for n in latest for r in n.ranks)
-    if idle >= IDLE_SHOWN_S:
-        text += f", no step for {idle:.0f} s"
-    if known:
-        slowest = min(known, key=lambda node: known[node])
-        text += f", {known[slowest]:.2f} steps/s"
-        others = [rate for node, rate in known.items() if node != slowest]
-        # Ranks that step together all show the same rate; only a gap says which is slow.
-        if others and known[slowest] < SLOWER * max(others):
-            text += (f"; slowest node {slowest} ({1 / known[slowest]:.3f} s/step, the others "
-                     f"{1 / max(others):.3f})")  # fmt: skip
-    return text
 
 
 def request_stacks(job: JobFolder) -> str:

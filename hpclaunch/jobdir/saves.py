@@ -43,16 +43,16 @@ def append(path: Path, record: SaveRecord) -> None:
 
 def last(path: Path) -> SaveRecord | None:
     """The newest readable record, or None (no file, or none readable)."""
-    found = _records(path)
+    found = records(path)
     return found[-1] if found else None
 
 
 def slowest(path: Path, count: int = 5) -> SaveRecord | None:
     """Of the newest ``count`` records, the one that took longest to commit."""
-    return max(_records(path)[-count:], key=lambda r: r.total_s, default=None)
+    return max(records(path)[-count:], key=lambda r: r.total_s, default=None)
 
 
-def _records(path: Path) -> list[SaveRecord]:
+def records(path: Path) -> list[SaveRecord]:
     """Every readable record, oldest first (a torn or foreign line is skipped)."""
     try:
         lines = path.read_text(errors="replace").splitlines()

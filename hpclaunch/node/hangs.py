@@ -36,7 +36,7 @@ from hpclaunch.job.values import (
 from hpclaunch.jobdir import hangs as reports
 from hpclaunch.jobdir.hangs import HangReport, RankAtHang
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.node import procs, stacks
+from hpclaunch.node import boot_env, procs, stacks
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,13 @@ class Watch:
 
     def worker_env(self, attempt: int, local_rank: int) -> dict[str, str]:
         """The progress and stack files of one worker of ``attempt``, and the boot that
-        installs the reporting in a fresh python (hpclaunch.progress.boot_env)."""
+        installs the reporting in a fresh python (hpclaunch.node.boot_env)."""
         folder = self.folder(attempt)
         return {
             progress.PROGRESS_FILE: str(folder / f"local-{local_rank}.progress"),
             progress.STACKS_FILE: str(folder / f"local-{local_rank}.stacks"),
             progress.WATCHER_PID: str(os.getpid()),
-            **progress.boot_env(os.environ),
+            **boot_env.boot_env(os.environ),
         }
 
     def begin(self, attempt: int, ranks: Mapping[int, int]) -> None:
@@ -273,14 +273,26 @@ class Watch:
         }  # fmt: skip
         ranks = tuple(
             reports.RankProgress(rank, p.step, p.steps_per_s, round(p.slowest, 3),
-                                 round(now - p.last, 1))
+                                 round(now - p.last, 1), p.job_steps)
             for rank, p in found.items() if p is not None and p.count
         )  # fmt: skip
         if not ranks:
             return False
-        note = reports.NodeProgress(self.node, self.attempt, time.time(), ranks)
+        totals = [p.total for p in found.values() if p is not None and p.total is not None]
+        rank, metrics = self._metrics()
+        note = reports.NodeProgress(self.node, self.attempt, time.time(), ranks,
+                                    max(totals, default=None), metrics, rank)  # fmt: skip
         try:
             reports.write_progress(self._job, self.requeue, note)
         except OSError as exc:
             log.debug("could not write the progress note: %s", exc)
         return True
+
+    def _metrics(self) -> tuple[int | None, dict[str, float]]:
+        """The latest metrics of the node's lowest rank that reported any, and that rank."""
+        folder = self.folder(self.attempt)
+        for local_rank, rank in sorted(self._ranks.items(), key=lambda item: item[1]):
+            found = progress.read_metrics(str(folder / f"local-{local_rank}.progress"))
+            if found:
+                return rank, found
+        return None, {}

@@ -11,14 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpclaunch.errors import ExitCode, HpclaunchError
+from hpclaunch.ops import training
 from hpclaunch.ops.status import JobStatus
+from hpclaunch.ops.training import Training
 from hpclaunch.slurm.hostlist import compress
-from hpclaunch.slurm.states import ON_NODES
+from hpclaunch.slurm.states import ON_NODES, JobState
 
 # How often a follower looks again (a person watching, not a synchronisation), and
 # after how many looks in a row without any state it gives up (SLURM unreachable).
 POLL_S = 2.0
 BLIND_LOOKS = 30
+# How often at most --follow prints the training's progress while it steps.
+PROGRESS_EVERY_S = 30.0
 
 
 def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
@@ -36,8 +40,13 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
     state_changed = after.state != old.state or (after.nodes != old.nodes and after.nodes)
     if state_changed and not after.ended:
         lines.append(_state_line(after))
-    if after.attempts > old.attempts and after.attempts > 1 and after.requeues == old.requeues:
-        lines.append(f"worker group restarted in place (attempt {after.attempts})")
+    same_run = after.requeues == old.requeues
+    for restart in after.restarts:
+        if not same_run or restart not in old.restarts:
+            lines.append(f"worker group restarted in place: {restart}")
+    for loss in after.lost_work:
+        if loss not in old.lost_work:
+            lines.append(f"lost work: {loss.text()}")
     if after.checkpoint_step is not None and after.checkpoint_step != old.checkpoint_step:
         lines.append(f"checkpoint: step {after.checkpoint_step}")
     found = (after.found_checkpoint, after.found_checkpoint_written)
@@ -70,19 +79,49 @@ class LostTrack(HpclaunchError):
         self.last = last
 
 
+def progress_due(shown: tuple[float, Training] | None, now: Training, at: float) -> bool:
+    """Whether ``--follow`` prints a progress line: the first one, a new run's or
+    attempt's, the first with an ETA, the steps stopping (once), or new steps
+    PROGRESS_EVERY_S after the last line (``at``: a monotonic clock); never more,
+    however often it looks."""
+    if shown is None:
+        return True
+    when, last = shown
+    stalled = now.idle_s >= training.IDLE_SHOWN_S
+    if (now.run, now.attempt) != (last.run, last.attempt):
+        return True  # a new run or attempt
+    if now.eta_s is not None and last.eta_s is None:
+        return True  # the first look with a rate and a total
+    if stalled:
+        return last.idle_s < training.IDLE_SHOWN_S  # it stopped stepping: say so once
+    return now.step != last.step and at - when >= PROGRESS_EVERY_S
+
+
 def watch(
     look: Callable[[], JobStatus],
     emit: Callable[[str], None],
     sleep: Callable[[float], None] = time.sleep,
     blind_looks: int = BLIND_LOOKS,
+    clock: Callable[[], float] = time.monotonic,
 ) -> JobStatus:
-    """Look at the job until it has ended, emitting each change; returns the last look.
-    Raises LostTrack (see ``loop``)."""
+    """Look at the job until it has ended, emitting each change (and the training's
+    progress, see ``progress_due``); returns the last look. Raises LostTrack (see
+    ``loop``)."""
     before: list[JobStatus] = []
+    shown: list[tuple[float, Training]] = []  # when the last progress line was, and what
 
     def seen(now: JobStatus) -> None:
         for line in changes(before[-1] if before else None, now):
             emit(line)
+        at = clock()
+        stepping = now.job_state is JobState.RUNNING  # not an old run's, once requeued
+        if (
+            now.training is not None
+            and stepping
+            and progress_due(shown[-1] if shown else None, now.training, at)
+        ):
+            emit(f"progress: {training.line(now.training)}")
+            shown[:] = [(at, now.training)]
         before[:] = [now]
 
     return loop(look, seen, sleep, blind_looks)

@@ -17,10 +17,10 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures, found_checkpoints, hangs, saves
+from hpclaunch.jobdir import failures, found_checkpoints, hangs, lost_work, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
-from hpclaunch.ops import registry, unsaved
+from hpclaunch.ops import registry, training, unsaved
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
 from hpclaunch.slurm.states import JobRecord, JobState, Source, is_final
@@ -91,7 +91,10 @@ class JobStatus:
     found_checkpoint: str | None = None  # the newest match of those or the Lightning default
     found_checkpoint_written: float | None = None  # its modification time
     last_save: str | None = None  # the newest save's times (hpclaunch.jobdir.saves)
-    progress: str | None = None  # the latest run's step and rate (hpclaunch.jobdir.hangs)
+    progress: str | None = None  # the latest run's step, rate and ETA (training.line)
+    training: training.Training | None = None  # the same, as numbers
+    restarts: list[str] = field(default_factory=list)  # why the latest run restarted in place
+    lost_work: list[lost_work.RunLoss] = field(default_factory=list)  # runs that lost steps
     hangs: list[str] = field(default_factory=list)  # each hang: the rank it began with
     root_cause: str | None = None  # the latest run's root-cause block, if it failed
     verdict: str | None = None  # why the latest run ended, where no node is to blame
@@ -286,16 +289,29 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
         status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
         status.checkpoint_written = _written(complete[-1].path)
     _found(ckpt_dir, history, status, lightning=complete is not None)
-    _progress(JobFolder(folder), status)
+    _progress(JobFolder(folder), status, ckpt_dir)
     _saves(folder, ckpt_dir, history, status)
     status.root_cause = root_cause(folder, status.runs, ckpt_dir)
 
 
-def _progress(job: JobFolder, status: JobStatus) -> None:
-    """The latest run's progress as its agents noted it, and every hang they reported."""
+def _progress(job: JobFolder, status: JobStatus, ckpt_dir: Path) -> None:
+    """The latest run's progress and restarts, each run's lost work, and every hang."""
     status.hangs = [hangs.describe(hung) for hung in hangs.first_hung(hangs.read_reports(job))]
     latest = status.runs[-1].requeue if status.runs else 0
-    status.progress = hangs.progress_line(hangs.read_progress(job, latest))
+    status.training = training.of_notes(hangs.read_progress(job, latest), run=latest)
+    status.progress = training.line(status.training) if status.training else None
+    status.restarts = training.restarts(job, latest)
+    known = lost_work.checkpoints(job, ckpt_dir)
+    own_way = bool(status.checkpoint_patterns)
+    for run in status.runs:
+        if run.action in _REQUEUED_ACTIONS or (run.ended is None and run is not status.runs[-1]):
+            loss = lost_work.of_run(job, ckpt_dir, run.requeue, run.started, run.ended, own_way)
+            if loss is not None:
+                status.lost_work.append(loss)
+    done = status.training.step if status.training else 0
+    warning = lost_work.never_saved(known, done, own_way)
+    if warning:
+        status.notes.append(warning)
 
 
 def _written(path: Path) -> float | None:

@@ -22,7 +22,7 @@ from hpclaunch.job.spec import (
     DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
 )
-from hpclaunch.jobdir import failures, hangs, history_store, saves
+from hpclaunch.jobdir import failures, hangs, history_store, lost_work, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
@@ -218,6 +218,8 @@ class Supervisor:
         """Carry ``decision`` out; the decision as it ended (a refused requeue fails)."""
         if decision.action is requeue.Action.REQUEUE:
             decision = self._unless_moved_on(decision)
+        if decision.action in (requeue.Action.REQUEUE, requeue.Action.SLURM_REQUEUES):
+            self._say_lost_work()
         if decision.action is requeue.Action.REQUEUE:
             log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
                      decision.reason.value, self.requeue_count + 1, self.max_requeues,
@@ -246,6 +248,22 @@ class Supervisor:
             log.info("supervisor: %s", "job completed" if what == "completed" else
                      f"the job ends: {what}")  # fmt: skip
         return decision
+
+    def _say_lost_work(self) -> None:
+        """The steps the next run repeats, from the progress the agents noted and the
+        checkpoints committed (hpclaunch.jobdir.lost_work)."""
+        if self.job_dir is None or self.history is None:
+            return
+        job, history = JobFolder(self.job_dir), self.history
+        ckpt_dir = Path(history.checkpoint_dir) if history.checkpoint_dir else job.checkpoints
+        runs = [(r.requeue_count, r.started, r.ended) for r in history.runs]
+        try:
+            lines = lost_work.batch_lines(job, ckpt_dir, runs, bool(history.checkpoint_patterns))
+        except OSError as exc:  # a view of the work, worth less than the requeue
+            log.debug("supervisor: cannot tell the lost work: %s", exc)
+            return
+        for line in lines:
+            log.warning("supervisor: %s", line)
 
     def _by_slurm(self) -> requeue.Decision:
         if self._lost is None:

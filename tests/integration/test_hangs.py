@@ -143,7 +143,7 @@ def test_no_progress_reports_and_a_long_first_step_are_not_hangs(
         assert [(a.requeue, a.attempt) for a in attempts] == [(0, 0)]
     # The one that steps reported its progress; the other had none to report.
     assert "progress:" not in jobs[0].status()
-    assert re.search(r"progress: +step 20 \(attempt 0", jobs[1].status())
+    assert re.search(r"progress: +step 20, [\d.]+ steps/s \(attempt 0, noted", jobs[1].status())
 
 
 def test_a_node_that_hangs_every_time_is_kept_out_of_the_requeue(

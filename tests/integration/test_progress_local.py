@@ -1,5 +1,5 @@
 """Progress reporting in a fresh python, as the agent starts a fresh worker (the boot on
-PYTHONPATH, hpclaunch.progress.boot_env), with real torch: optimizer steps count with
+PYTHONPATH, hpclaunch.node.boot_env), with real torch: optimizer steps count with
 no change to the script, the script sees the PYTHONPATH it was meant to have and the
 sitecustomize that would have run, and the stack handler answers its signal."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import progress
-from hpclaunch.node import procs, stacks
+from hpclaunch.node import boot_env, procs, stacks
 from tests.integration.helpers import base_env
 
 pytestmark = pytest.mark.integration
@@ -50,14 +50,14 @@ def test_a_fresh_python_counts_optimizer_steps_and_dumps_its_stacks(tmp_path: Pa
     files = {progress.PROGRESS_FILE: str(tmp_path / "rank.progress"),
              progress.STACKS_FILE: str(tmp_path / "rank.stacks")}  # fmt: skip
     env = base_env(PYTHONPATH=str(own), **files)
-    env.update(progress.boot_env(env))
+    env.update(boot_env.boot_env(env))
     argv = [sys.executable, "-u", str(script)]
     with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
             seen = json.loads(proc.stdout.readline())
             assert seen["pythonpath"] == str(own) and seen["user_site"] == "yes"
-            assert progress.BOOT_FOLDER not in seen["path"]
+            assert boot_env.BOOT_FOLDER not in seen["path"]
             done = progress.read(files[progress.PROGRESS_FILE])
             assert done is not None and (done.count, done.step) == (3, 3) and done.stacks_on_signal
             text = stacks.read({0: proc.pid}, (), {0: files[progress.STACKS_FILE]}, spy=None)[0]
@@ -106,7 +106,7 @@ def test_a_fresh_python_without_a_sitecustomize_of_its_own_starts_cleanly(
     script.write_text(TWO_OPTIMIZERS)
     path = tmp_path / "rank.progress"
     env = base_env(**{progress.PROGRESS_FILE: str(path)})
-    env.update(progress.boot_env(env))
+    env.update(boot_env.boot_env(env))
     env["PYTHONPATH"] = f"{tmp_path / 'src'}:{env['PYTHONPATH']}"  # the launcher's own
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, check=True)  # fmt: skip

@@ -17,6 +17,7 @@ from hpclaunch.jobdir.failures import (
     classify,
 )
 from hpclaunch.node.hangs import FLOOR_S, MULTIPLE, HangTimeout, Seen, evidence, judge
+from hpclaunch.ops import training
 from hpclaunch.progress import Progress
 
 
@@ -152,13 +153,17 @@ def note(node: str, rate: float) -> hangs.NodeProgress:
 
 
 def test_status_names_a_slow_node_only_when_its_rate_differs() -> None:
-    line = hangs.progress_line([note("n1", 4.0), note("n2", 4.1)], now=102.0)
-    assert line == "step 40 (attempt 1, noted 2 s ago), 4.00 steps/s"
-    line = hangs.progress_line([note("n1", 4.0), note("n2", 2.0)], now=102.0)
+    def progress_line(notes: list[hangs.NodeProgress], now: float) -> str | None:
+        found = training.of_notes(notes, now)
+        return training.line(found, now) if found else None
+
+    line = progress_line([note("n1", 4.0), note("n2", 4.1)], now=102.0)
+    assert line == "step 40, 4.00 steps/s (attempt 1, noted 2 s ago)"
+    line = progress_line([note("n1", 4.0), note("n2", 2.0)], now=102.0)
     assert line is not None and line.endswith("; slowest node n2 (0.500 s/step, the others 0.250)")
-    assert hangs.progress_line([], now=1.0) is None
-    stuck = hangs.progress_line([note("n1", 4.0)], now=135.0)  # idle 0.1 s + noted 35 s ago
-    assert stuck == "step 40 (attempt 1, noted 35 s ago), no step for 35 s, 4.00 steps/s"
+    assert progress_line([], now=1.0) is None
+    stuck = progress_line([note("n1", 4.0)], now=135.0)  # idle 0.1 s + noted 35 s ago
+    assert stuck == "step 40, no step for 35 s, 4.00 steps/s (attempt 1, noted 35 s ago)"
 
 
 EXITING = """\

@@ -147,12 +147,14 @@ def test_changes_are_told_once_each() -> None:
     assert changes(None, pending) == ["state PENDING (Priority)"]
     assert changes(pending, running) == ["state RUNNING on n[1-2]"]
     assert changes(running, running) == []
+    why = "attempt 1 began after attempt 0 failed: rank 3 on n2: ValueError: boom"
     restarted = JobStatus(JOB, state="RUNNING", nodes=["n1", "n2"], requeues=0, attempts=2,
-                          checkpoint_step=10)  # fmt: skip
+                          checkpoint_step=10, restarts=[why])  # fmt: skip
     assert changes(running, restarted) == [
-        "worker group restarted in place (attempt 2)",
+        f"worker group restarted in place: {why}",
         "checkpoint: step 10",
     ]
+    assert changes(restarted, restarted) == []
     from hpclaunch.ops.status import RunSummary
 
     requeued = JobStatus(

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch import progress
+from hpclaunch.node import boot_env
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -191,7 +192,7 @@ def become_worker(
     os.chdir(start.cwd)
     os.environ.clear()
     os.environ.update(start.env)
-    progress.unboot(os.environ)  # a fresh python would have taken the boot out of it
+    boot_env.unboot(os.environ)  # a fresh python would have taken the boot out of it
     _redirect(start.stdout, 1)
     _redirect(start.stderr, 2)
     sys.stdout = sys.__stdout__ = _stream(1, "strict")  # type: ignore[misc]

@@ -1,0 +1,107 @@
+"""What a user following a job sees of its training, on the sandbox: the step out of how
+many, the rate, the time left and the loss in ``status --follow``; why the worker group
+restarted in place (rank, node, error, attempts numbered from 0); and, when a run is
+requeued after steps its last checkpoint does not hold, how many steps the next run
+repeats, the same number in ``status``, ``--follow`` and the batch log."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import VENV_BIN, wait_for
+from tests.integration.sandbox_fixture import Running
+from tests.integration.training_jobs import CRASH, EXAMPLES, Job, end_with_a_lost_node, submit
+
+pytestmark = pytest.mark.integration
+
+TRAIN = EXAMPLES / "train.py"
+PROGRESS = re.compile(
+    r"^progress: step (\d+) of 80 \(\d+ %\), [\d.]+ steps/s, ETA (\d+ s|\d+ min \d\d s); "
+    r"loss [-+\d.e]+ \(attempt (\d), noted \d+ s ago\)$"
+)
+
+
+def follow(job: Job) -> subprocess.Popen[str]:
+    """``hpclaunch status --follow`` of ``job``, started now and left to end by itself."""
+    argv = [str(VENV_BIN / "hpclaunch"), "status", "--follow", "--job-dir", str(job.job_dir),
+            str(job.id)]  # fmt: skip
+    return subprocess.Popen(argv, cwd=job.folder, env=job.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def followed(follower: subprocess.Popen[str]) -> list[str]:
+    """What it printed, each line without its ``[HH:MM:SS] job N: `` prefix."""
+    out, _ = follower.communicate(timeout=60)  # the job has ended: it stops by itself
+    print(out)  # for the test's report when it fails
+    return [re.sub(r"^\[\d\d:\d\d:\d\d\] job \d+: ", "", line) for line in out.splitlines()]
+
+
+def test_follow_shows_progress_eta_loss_and_why_the_group_restarted(
+    sandbox: Running, tmp_path: Path
+) -> None:
+    job = submit(sandbox, tmp_path, TRAIN, "--steps", "80", "--step-time", "0.3",
+                 "--checkpoint-every", "5", *CRASH)  # fmt: skip
+    follower = follow(job)
+    assert job.wait_end() == "COMPLETED", job.log
+    lines = followed(follower)
+    shown = [m for m in map(PROGRESS.match, lines) if m]
+    assert shown, lines
+    # The restart is said once, with its cause: rank 3's own error, on its node.
+    restarts = [line for line in lines if line.startswith("worker group restarted")]
+    assert len(restarts) == 1, lines
+    assert re.fullmatch(
+        r"worker group restarted in place: attempt 1 began after attempt 0 failed: "
+        r"rank 3 on n\d: rank 3: crashing at step 12", restarts[0]
+    ), restarts  # fmt: skip
+    # Never a flood: at most one progress line per 30 s of stepping, plus the attempts'.
+    assert len(shown) <= 4, lines
+    final = job.status()
+    assert re.search(r"progress: +step 80 of 80 \(100 %\)", final), final
+    assert re.search(r"restart: +attempt 1 began after attempt 0 failed: rank 3 on n\d", final)
+
+
+def status_json(job: Job) -> dict[str, object]:
+    argv = [str(VENV_BIN / "hpclaunch"), "status", "--json", "--job-dir", str(job.job_dir),
+            str(job.id)]  # fmt: skip
+    done = subprocess.run(argv, cwd=job.folder, env=job.env, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    data: dict[str, object] = json.loads(done.stdout)
+    return data
+
+
+def stepped(job: Job) -> int:
+    training = status_json(job).get("training")
+    return int(training["step"]) if isinstance(training, dict) else 0
+
+
+def test_a_requeue_says_how_many_steps_the_next_run_repeats(
+    sandbox: Running, tmp_path: Path
+) -> None:
+    job = submit(sandbox, tmp_path, TRAIN, "--steps", "160", "--step-time", "0.1",
+                 "--checkpoint-every", "20")  # fmt: skip
+    follower = follow(job)
+    wait_for(lambda: stepped(job) >= 30, timeout_s=120, what=f"job {job.id} at step 30")
+    state, _ = end_with_a_lost_node(sandbox, job)
+    assert state == "COMPLETED", job.log
+    lines = followed(follower)
+    said = [line for line in lines if line.startswith("lost work: run 0 did ")]
+    assert len(said) == 1, lines
+    found = re.fullmatch(
+        r"lost work: run 0 did (\d+) steps; its last checkpoint \(step (\d+)\) holds (\d+): "
+        r"the next run repeats (\d+) steps?", said[0]
+    )  # fmt: skip
+    assert found, said
+    steps, index, holds, repeats = map(int, found.groups())
+    assert holds == index + 1 and holds % 20 == 0 and repeats == steps - holds > 0, said
+    text = said[0].removeprefix("lost work: ")
+    assert f"lost work:       {text}" in job.status()
+    assert f"supervisor: lost work: {text}" in job.log
+    [loss] = status_json(job)["lost_work"]  # type: ignore[misc]
+    assert loss["requeue"] == 0 and loss["repeats"] == repeats
+    # The resumed run started where the checkpoint left off: what was said is what it did.
+    assert [s["step"] for s in job.lines("START")] == [0, holds]
