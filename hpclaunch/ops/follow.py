@@ -45,7 +45,9 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
         if not same_run or restart not in old.restarts:
             lines.append(f"worker group restarted in place: {restart}")
     for loss in after.lost_work:
-        if loss not in old.lost_work:
+        if _settled(after, loss.requeue) and not (
+            _settled(old, loss.requeue) and loss in old.lost_work
+        ):
             lines.append(f"lost work: {loss.text()}")
     if after.checkpoint_step is not None and after.checkpoint_step != old.checkpoint_step:
         lines.append(f"checkpoint: step {after.checkpoint_step}")
@@ -55,6 +57,13 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
     if state_changed and after.ended:
         lines.append(_state_line(after))  # the end comes last
     return lines
+
+
+def _settled(status: JobStatus, requeue: int) -> bool:
+    """Whether run ``requeue``'s work is all noted: a later run has begun, or the job is
+    no longer on its nodes (its agents write their last notes as their workers end)."""
+    later = any(run.requeue > requeue for run in status.runs)
+    return later or status.job_state not in (JobState.RUNNING, JobState.COMPLETING)
 
 
 def _state_line(status: JobStatus) -> str:

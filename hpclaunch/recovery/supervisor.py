@@ -24,7 +24,7 @@ from hpclaunch.job.spec import (
 )
 from hpclaunch.jobdir import failures, hangs, history_store, lost_work, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
-from hpclaunch.jobdir.history import History, finish
+from hpclaunch.jobdir.history import History, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.recovery import policy as requeue
@@ -146,6 +146,10 @@ class Supervisor:
             self._record(None, None, decision)
             return decision.exit_status
         self._save()
+        if self.history is not None and len(self.history.runs) > 1:
+            before = self.history.runs[-2]
+            if before.action != requeue.Action.REQUEUE.value:  # that run's supervisor did not
+                self._say_lost_work(self.history.runs[:-1])  # live to say it, or SLURM requeued
         return None
 
     def on_first_signal(self, first_signal: int) -> None:
@@ -218,8 +222,8 @@ class Supervisor:
         """Carry ``decision`` out; the decision as it ended (a refused requeue fails)."""
         if decision.action is requeue.Action.REQUEUE:
             decision = self._unless_moved_on(decision)
-        if decision.action in (requeue.Action.REQUEUE, requeue.Action.SLURM_REQUEUES):
-            self._say_lost_work()
+        if decision.action is requeue.Action.REQUEUE and self.history is not None:
+            self._say_lost_work(self.history.runs)
         if decision.action is requeue.Action.REQUEUE:
             log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
                      decision.reason.value, self.requeue_count + 1, self.max_requeues,
@@ -249,16 +253,16 @@ class Supervisor:
                      f"the job ends: {what}")  # fmt: skip
         return decision
 
-    def _say_lost_work(self) -> None:
-        """The steps the next run repeats, from the progress the agents noted and the
-        checkpoints committed (hpclaunch.jobdir.lost_work)."""
+    def _say_lost_work(self, runs: Sequence[Run]) -> None:
+        """The steps the run after the last of ``runs`` repeats, from the progress the
+        agents noted and the checkpoints committed (hpclaunch.jobdir.lost_work)."""
         if self.job_dir is None or self.history is None:
             return
         job, history = JobFolder(self.job_dir), self.history
         ckpt_dir = Path(history.checkpoint_dir) if history.checkpoint_dir else job.checkpoints
-        runs = [(r.requeue_count, r.started, r.ended) for r in history.runs]
+        told = [(r.requeue_count, r.started, r.ended) for r in runs]
         try:
-            lines = lost_work.batch_lines(job, ckpt_dir, runs, bool(history.checkpoint_patterns))
+            lines = lost_work.batch_lines(job, ckpt_dir, told, bool(history.checkpoint_patterns))
         except OSError as exc:  # a view of the work, worth less than the requeue
             log.debug("supervisor: cannot tell the lost work: %s", exc)
             return

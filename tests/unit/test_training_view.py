@@ -137,3 +137,17 @@ def test_report_takes_a_total_and_numbers_and_refuses_anything_else(
         progress.report(loss="high")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"total=-1 is not a step count"):
         progress.report(total=-1)
+
+
+def test_follow_says_the_lost_work_once_the_run_has_left_its_nodes() -> None:
+    from hpclaunch.ops.follow import changes
+    from hpclaunch.ops.status import JobStatus, RunSummary
+
+    loss = lost_work.RunLoss(0, 61, lost_work.Saved(60, 5.0, "step 59"), 1)
+    run0 = RunSummary(0, ["n1", "n2"], 0.0, None, "requeued by SLURM", "SLURM requeues")
+    ending = JobStatus(7, state="COMPLETING", requeues=1, runs=[run0], lost_work=[loss])
+    assert not [line for line in changes(None, ending) if line.startswith("lost work")]
+    pending = JobStatus(7, state="PENDING", requeues=1, runs=[run0], lost_work=[loss])
+    said = [line for line in changes(ending, pending) if line.startswith("lost work")]
+    assert said == [f"lost work: {loss.text()}"]
+    assert not [line for line in changes(pending, pending) if line.startswith("lost work")]
