@@ -26,6 +26,7 @@ class _Commands(click.Group):
         "agent": ("hpclaunch.cli.agent", "agent"),
         "cancel": ("hpclaunch.cli.jobs", "cancel"),
         "config": ("hpclaunch.cli.config", "config"),
+        "doctor": ("hpclaunch.cli.doctor", "doctor"),
         "init": ("hpclaunch.cli.config", "init"),
         "list": ("hpclaunch.cli.jobs", "list_jobs"),
         "logs": ("hpclaunch.cli.jobs", "logs"),

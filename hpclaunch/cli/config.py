@@ -16,7 +16,7 @@ from hpclaunch.errors import ConfigError, HpclaunchError
 # config show takes sbatch's options, so it answers for exactly the flags sbatch gets;
 # these are sbatch's own doings, not settings.
 _NOT_SETTINGS = ("dry_run", "as_json", "follow_job", "script", "args")
-_SBATCH_PARAMS = [p for p in _sbatch.params if p.name not in _NOT_SETTINGS]
+SBATCH_PARAMS = [p for p in _sbatch.params if p.name not in _NOT_SETTINGS]
 
 
 @click.group()
@@ -61,7 +61,7 @@ show = click.Command(
     "show",
     callback=click.pass_obj(_show),
     params=[
-        *_SBATCH_PARAMS,
+        *SBATCH_PARAMS,
         click.Option(
             ["--json", "as_json"],
             is_flag=True,
