@@ -185,7 +185,7 @@ def warnings(rows: list[Setting], env: Mapping[str, str]) -> list[str]:
 def table(rows: list[Setting]) -> str:
     """The text form: one line per setting, ``KEY  VALUE  SOURCE``."""
     width_key = max(len(r.key) for r in rows)
-    width_value = min(max(len(r.text) for r in rows), 40)
+    width_value = min(max(len(r.text) for r in rows), 24)
     lines = []
     for row in rows:
         lines.append(f"{row.key:<{width_key}}  {row.text:<{width_value}}  {row.source}")
