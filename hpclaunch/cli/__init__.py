@@ -25,6 +25,9 @@ class _Commands(click.Group):
     LAZY: Mapping[str, tuple[str, str]] = {
         "agent": ("hpclaunch.cli.agent", "agent"),
         "cancel": ("hpclaunch.cli.jobs", "cancel"),
+        "config": ("hpclaunch.cli.config", "config"),
+        "doctor": ("hpclaunch.cli.doctor", "doctor"),
+        "init": ("hpclaunch.cli.config", "init"),
         "list": ("hpclaunch.cli.jobs", "list_jobs"),
         "logs": ("hpclaunch.cli.jobs", "logs"),
         "sandbox": ("hpclaunch.sandbox.cli", "sandbox"),

@@ -31,7 +31,11 @@ from hpclaunch.job.spec import (
 from hpclaunch.job.values import HANG_FLOOR_S, HANG_MULTIPLE
 
 if TYPE_CHECKING:
+    from hpclaunch.job.profiles import Resolved
     from hpclaunch.slurm.submit import Submission
+
+# The training command config show's job has when no SCRIPT is named.
+NO_SCRIPT = "SCRIPT"
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -251,23 +255,39 @@ def _spec(
     flags: dict[str, Any],
 ) -> JobSpec:
     """The job the flags and the profile describe. Raises SpecError or ConfigError."""
-    from hpclaunch.job.profiles import Entry, build_spec, load_profile
+    return resolve_job(obj, script, args, kind, profile, flags).spec
+
+
+def resolve_job(
+    obj: CliContext,
+    script: str | None,
+    args: tuple[str, ...],
+    kind: EntryKind,
+    profile: str | None,
+    flags: dict[str, Any],
+) -> Resolved:
+    """The job the flags and the profile describe, with each value's source: what
+    ``hpclaunch sbatch`` submits and ``hpclaunch config show`` prints. Without a
+    ``script`` (config show), a placeholder stands in and no file is looked for.
+    Raises SpecError or ConfigError."""
+    from hpclaunch.job.profiles import Entry, load_profile, resolve
     from hpclaunch.job.values import folder_pattern, has_wildcard
 
     if flags["template"] is not None:
         flags["template"] = str(obj.cwd / flags["template"])
-    spec = build_spec(Entry(script, args, kind), flags, load_profile(profile, obj.cwd, obj.env))
-    if kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
+    entry = Entry(script or NO_SCRIPT, args, kind)
+    done = resolve(entry, flags, load_profile(profile, obj.cwd, obj.env))
+    if script is not None and kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
         raise SpecError(
             "script",
             f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
             "check the path, or use -m for a module or --no-python for an executable",
         )
-    for pattern in spec.checkpoint_patterns:
+    for pattern in done.spec.checkpoint_patterns:
         if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
             raise SpecError("checkpoint_patterns",
                             f"--checkpoint-pattern: {folder_pattern(pattern)}")  # fmt: skip
-    return spec
+    return done
 
 
 def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submission | None]:

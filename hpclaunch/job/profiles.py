@@ -284,13 +284,46 @@ def flag_for(key: str) -> str:
     return _FLAG_SPELLING.get(key, "--" + key.replace("_", "-"))
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where one setting's value came from: a profile's key, a flag, or both (a value
+    merged from the two: env, sbatch_options, srun_options, setup, checkpoint_patterns)."""
+
+    profile: str | None = None  # "PATH, profile 'NAME', key 'KEY'"
+    flag: str | None = None  # the flag as its user typed it
+
+    def __str__(self) -> str:
+        return " and ".join(part for part in (self.profile, self.flag) if part)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A job as flags and a profile describe it, and where each value came from."""
+
+    spec: JobSpec
+    profile: Profile | None
+    # profile key -> where its value came from; keys absent have the built-in default.
+    origins: Mapping[str, Origin]
+
+
 def build_spec(
     entry: Entry,
     flags: Mapping[str, Any],
     profile: Profile | None,
     spell: Callable[[str], str] = flag_for,
 ) -> JobSpec:
-    """Merge defaults < profile < flags into a JobSpec.
+    """Merge defaults < profile < flags into a JobSpec (``resolve``'s spec).
+    Raises SpecError, prefixed with where each value it names came from."""
+    return resolve(entry, flags, profile, spell).spec
+
+
+def resolve(
+    entry: Entry,
+    flags: Mapping[str, Any],
+    profile: Profile | None,
+    spell: Callable[[str], str] = flag_for,
+) -> Resolved:
+    """Merge defaults < profile < flags into a JobSpec, and say where each value came from.
 
     ``flags`` maps JobSpec field names to values given on the command line, or
     through the Python API (absent or None when not given); ``spell`` names a
@@ -304,20 +337,25 @@ def build_spec(
         for field, value in profile.values.items():
             fields[field] = value
             sources[key_of[field]] = f"{profile.source}, key {key_of[field]!r}"
+    origins = {key: Origin(profile=text) for key, text in sources.items()}
     for field, value in flags.items():
         if value is None or value == ():
             continue
+        key = key_of[field]
         if field in _MERGED_BY_KEY and field in fields:
             merged = dict(fields[field])
             merged.update(value)
             value = tuple(merged.items())
         elif field in ("setup", "checkpoint_patterns") and field in fields:
             value = fields[field] + tuple(value)
+        merges = field in (*_MERGED_BY_KEY, "setup", "checkpoint_patterns")
+        origins[key] = Origin(origins[key].profile if merges and key in origins else None,
+                              spell(key))  # fmt: skip
         fields[field] = value
-        sources[key_of[field]] = spell(key_of[field])
+        sources[key] = spell(key)
     try:
         fields["rdzv"] = _nest_rendezvous(fields)
-        return JobSpec(entrypoint=entry.target, args=entry.args, entry_kind=entry.kind, **fields)
+        spec = JobSpec(entrypoint=entry.target, args=entry.args, entry_kind=entry.kind, **fields)
     except SpecError as exc:
         named = [sources[k] for k in exc.fields if k in sources]
         named += [
@@ -325,6 +363,7 @@ def build_spec(
         ]
         where = " and ".join(named) or "the command line"  # script, module, args
         raise SpecError(exc.field, f"{where}: {exc.message}", exc.fields[1:]) from None
+    return Resolved(spec, profile, origins)
 
 
 def _nest_rendezvous(fields: dict[str, Any]) -> rendezvous.Rendezvous:

@@ -62,6 +62,9 @@ raise SystemExit(code)
         ["logs", "--help"],
         ["cancel", "--help"],
         ["status", "--job-dir", "nowhere", "12"],  # no SLURM here: an error, no torch
+        ["config", "show", "--nodes", "2", "train.py"],
+        ["doctor", "--no-allocate"],  # no SLURM here: a problem, no torch
+        ["init", "site.toml"],
     ],
 )
 def test_cli_never_imports_torch(tmp_path: Path, args: list[str]) -> None:
