@@ -302,7 +302,10 @@ def _spec(
         flags["template"] = str(obj.cwd / flags["template"])
     spec = build_spec(Entry(script, args, kind), flags, load_profile(profile, obj.cwd, obj.env))
     if any(key in ("array", "a") for key, _ in spec.sbatch_options):
-        raise SpecError("sbatch_options", f"array (an sbatch option): {ARRAY_REFUSED}")
+        raise SpecError(
+            "sbatch_options",
+            f"--sbatch-option array (or a profile's sbatch_options): {ARRAY_REFUSED}",
+        )
     if kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
         raise SpecError(
             "script",

@@ -100,7 +100,8 @@ def check_script(script: str, args: Sequence[str], table: Mapping[str, str]) -> 
         why = refused(name, table)
         if why is not None:
             raise click.UsageError(f"{name} is {why}", ctx)
-        known = [opt for param in ctx.command.params for opt in param.opts]
+        # torchrun's underscore spellings would only repeat ours in the suggestions
+        known = [opt for param in ctx.command.params for opt in param.opts if "_" not in opt]
         raise click.NoSuchOption(name, possibilities=known, ctx=ctx)
     flag = _flag_before(ctx, args)
     if flag is not None and _BARE_VALUE.match(script):

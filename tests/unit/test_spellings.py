@@ -149,7 +149,10 @@ def test_agent_takes_torchruns_underscore_names(project: Path) -> None:
         ("gpus-per-task=1", "'gpus-per-task' is set by hpclaunch itself"),
         ("G=2", "'G' is set by hpclaunch itself"),
         ("open-mode=truncate", "it appends, so that a requeued job keeps one log; leave it out"),
-        ("array=0-3", "array (an sbatch option): `hpclaunch list/status/logs` would see only one"),
+        (
+            "array=0-3",
+            "--sbatch-option array (or a profile's sbatch_options): `hpclaunch list/status/logs`",
+        ),
         ("a=0-3", "Executor.map_array"),
         (
             "dependency=afterok=3",
