@@ -237,7 +237,8 @@ class Slurm:
             listed = parse_partitions(self._run(PARTITIONS).stdout)
         except SlurmError as sinfo:
             listed = f"(sinfo could not list them: {_first_line(sinfo)})"
-        return (f"sbatch refused the partition {asked[0] if asked else ''!r}: it does not exist. "
+        named = f" {asked[0]!r}" if asked else ""
+        return (f"sbatch refused the partition{named}: it does not exist ({INVALID_PARTITION}). "
                 f"Partitions here: {listed}; give one with --partition (or partition = "
                 "in a profile), or leave it out for the default")  # fmt: skip
 
