@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpclaunch.cli.context import CliContext, fail, refuse_option_as_script, settings_options
+from hpclaunch.cli.context import CliContext, fail, settings_options
+from hpclaunch.cli.spellings import AGENT_REFUSED, ScriptCommand, check_script
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node.options import AgentSettings
 from hpclaunch.node.torch_version import check_installed_torch
@@ -24,7 +25,10 @@ if TYPE_CHECKING:
     from hpclaunch.slurm.env import NodeContext
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(
+    cls=ScriptCommand,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @settings_options(AgentSettings)
 @click.option("--dry-run", is_flag=True, help="Print the node context and launch settings as JSON.")
 @click.argument("script")
@@ -42,7 +46,7 @@ def agent(
     from hpclaunch.node import agent as node_agent
     from hpclaunch.node import options
 
-    refuse_option_as_script(script)
+    check_script(script, args, AGENT_REFUSED)
     opts = from_values(AgentSettings, values, entrypoint=script, args=args)
     sidecar = None
     try:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from hpclaunch.cli.spellings import alias_decls
 from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job import contract
 from hpclaunch.job.spec import EntryKind
@@ -47,15 +48,6 @@ def fail(exc: HpclaunchError) -> NoReturn:
     """Print ``exc`` as the one error paragraph and exit with its code."""
     click.echo(f"Error: {exc}", err=True)
     sys.exit(int(exc.exit_code))
-
-
-def refuse_option_as_script(script: str) -> None:
-    """ignore_unknown_options (which lets SCRIPT's own options through) would also
-    take a mistyped hpclaunch option for SCRIPT: report it as click would."""
-    if script.startswith("-") and script != "-":
-        ctx = click.get_current_context()
-        known = [opt for param in ctx.command.params for opt in param.opts]
-        raise click.NoSuchOption(script.split("=")[0], possibilities=known, ctx=ctx)
 
 
 def entry_kind(module: bool, no_python: bool) -> EntryKind:
@@ -100,6 +92,7 @@ def _types() -> dict[str, SpecParam]:
         "option": SpecParam("KEY[=VALUE]", values.parse_sbatch_option),
         "endpoints": SpecParam("HOST:PORT[,...]", values.parse_endpoints),
         "hang_timeout": SpecParam("SECONDS|auto|off", values.parse_hang_timeout),
+        "dependency": SpecParam("SPEC", values.parse_dependency),
     }
 
 
@@ -160,7 +153,7 @@ def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
         return [flag]
     return [
         click.option(
-            row.setting.option, row.name, type=_param_type(kind), default=default,
+            *alias_decls(row.setting.option), row.name, type=_param_type(kind), default=default,
             show_default=shown, help=help_text, multiple=isinstance(kind, contract.Texts),
         )
     ]  # fmt: skip

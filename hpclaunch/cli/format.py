@@ -30,6 +30,9 @@ def render_status(status: JobStatus) -> str:
     lines = [f"job {status.job_id}{name}: {state}"]
     if status.pending_reason:
         lines.append(f"  waiting for:     {status.pending_reason}")
+    if status.never_starts:
+        lines.append(f"  never starts:    {status.never_starts}; "
+                     f"cancel it: hpclaunch cancel {status.job_id}")  # fmt: skip
     if status.nodes:
         lines.append(f"  nodes:           {compress(status.nodes)} ({len(status.nodes)})")
     if status.exit_code and status.ended:

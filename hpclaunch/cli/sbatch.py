@@ -14,7 +14,13 @@ from hpclaunch.cli.context import (
     entry_kind,
     etcd_access_options,
     fail,
-    refuse_option_as_script,
+)
+from hpclaunch.cli.spellings import (
+    ARRAY_REFUSED,
+    SBATCH_REFUSED,
+    ScriptCommand,
+    check_script,
+    with_dependency,
 )
 from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job import rendezvous
@@ -38,26 +44,65 @@ if TYPE_CHECKING:
 NO_SCRIPT = "SCRIPT"
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(
+    cls=ScriptCommand,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.option(
-    "--nodes", type=TYPES["nodes"], help="Node count N, or MIN:MAX for an elastic job. [default: 1]"
+    "--nodes",
+    "--nnodes",
+    "-N",
+    "nodes",
+    type=TYPES["nodes"],
+    help="Node count N, or MIN:MAX for an elastic job. [default: 1]",
 )
 @click.option("--gpus-per-node", type=int, help="GPUs per node; 0 for a CPU job. [default: 0]")
-@click.option("--nproc-per-node", type=int, help="Workers per node. [default: GPUs per node, or 1]")
+@click.option(
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "nproc_per_node",
+    type=int,
+    help="Workers per node. [default: GPUs per node, or 1]",
+)
 @click.option(
     "--time",
+    "-t",
     "time_limit",
     type=TYPES["time"],
     help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED.",
 )
-@click.option("--partition", help="SLURM partition.")
-@click.option("--account", help="SLURM account to charge.")
-@click.option("--qos", help="SLURM quality of service.")
-@click.option("--constraint", help="Node features the job needs (SLURM --constraint).")
-@click.option("--exclude", help="Nodes to keep the job off (a SLURM hostlist).")
+@click.option("--partition", "-p", "partition", help="SLURM partition.")
+@click.option("--account", "-A", "account", help="SLURM account to charge.")
+@click.option("--qos", "-q", "qos", help="SLURM quality of service.")
+@click.option(
+    "--constraint", "-C", "constraint", help="Node features the job needs (SLURM --constraint)."
+)
+@click.option("--exclude", "-x", "exclude", help="Nodes to keep the job off (a SLURM hostlist).")
+@click.option(
+    "--dependency",
+    "-d",
+    "dependency",
+    type=TYPES["dependency"],
+    help="Start only when SLURM's dependency SPEC holds, e.g. afterok:1234 (sbatch --dependency).",
+)
+@click.option(
+    "--after",
+    "after",
+    metavar="JOBID",
+    type=int,
+    multiple=True,
+    help="Start only after job JOBID has completed successfully, requeues included "
+    "(afterok; repeatable).",
+)
 @click.option("--mem", type=TYPES["mem"], help="Memory per node, e.g. 64G (0: all of it).")
-@click.option("--cpus-per-task", type=int, help="CPUs for each node's agent and its workers.")
-@click.option("--job-name", help="Job name. [default: the script's name]")
+@click.option(
+    "--cpus-per-task",
+    "-c",
+    "cpus_per_task",
+    type=int,
+    help="CPUs for each node's agent and its workers.",
+)
+@click.option("--job-name", "-J", "job_name", help="Job name. [default: the script's name]")
 @click.option(
     "--log-dir",
     help=f"Folder for logs (%x-%j.out) and job folders. [default: {DEFAULT_LOG_DIR}]",
@@ -83,6 +128,8 @@ NO_SCRIPT = "SCRIPT"
 )
 @click.option(
     "--max-restarts",
+    "--max_restarts",
+    "max_restarts",
     type=int,
     help=f"In-place worker-group restarts per node. [default: {DEFAULT_MAX_RESTARTS}]",
 )
@@ -150,6 +197,8 @@ NO_SCRIPT = "SCRIPT"
 )
 @click.option(
     "--master-port",
+    "--master_port",
+    "master_port",
     type=int,
     help="The rendezvous port on the first node, for a port that is taken or a firewall. "
     "[default: 15000 + job id % 10000]",
@@ -227,7 +276,7 @@ def sbatch(
     is passed to the training command unchanged. Without --dry-run, prints
     the job id alone on stdout.
     """
-    refuse_option_as_script(script)
+    check_script(script, args, SBATCH_REFUSED)
     if follow_job and dry_run:
         raise click.UsageError("--follow follows a submitted job; --dry-run submits none")
     kind = entry_kind(module, no_python)
@@ -273,10 +322,16 @@ def resolve_job(
     from hpclaunch.job.profiles import Entry, load_profile, resolve
     from hpclaunch.job.values import folder_pattern, has_wildcard
 
+    flags["sbatch_options"] = with_dependency(flags)
     if flags["template"] is not None:
         flags["template"] = str(obj.cwd / flags["template"])
     entry = Entry(script or NO_SCRIPT, args, kind)
     done = resolve(entry, flags, load_profile(profile, obj.cwd, obj.env))
+    if any(key in ("array", "a") for key, _ in done.spec.sbatch_options):
+        raise SpecError(
+            "sbatch_options",
+            f"--sbatch-option array (or a profile's sbatch_options): {ARRAY_REFUSED}",
+        )
     if script is not None and kind is EntryKind.SCRIPT and not (obj.cwd / script).is_file():
         raise SpecError(
             "script",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePath
 
 from hpclaunch.errors import SpecError
 from hpclaunch.job import values
+from hpclaunch.job.managed import MANAGED_SBATCH_OPTIONS
 from hpclaunch.job.rendezvous import C10dRdzv, EtcdSetting, Rendezvous, choices, elastic_names
 from hpclaunch.job.values import NodeRange, check_checkpoint_pattern, format_time, parse_mem
 
@@ -35,45 +35,6 @@ DEFAULT_SLURM_PATIENCE_S = 300
 ONE_NODE = NodeRange(1, 1)
 # SLURM stores the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD_S = 0xFFFF
-
-# sbatch options that JobSpec fields own; setting them through --sbatch-option
-# would silently contradict the rendered directives.
-MANAGED_SBATCH_OPTIONS: Mapping[str, str] = {
-    "nodes": "--nodes",
-    "N": "--nodes",
-    "ntasks-per-node": "(fixed: one agent per node)",
-    "ntasks": "(fixed: one agent per node)",
-    "n": "(fixed: one agent per node)",
-    "gpus-per-node": "--gpus-per-node",
-    "gres": "--gpus-per-node (and gpu_directive = 'gres' in a profile)",
-    "time": "--time",
-    "t": "--time",
-    "partition": "--partition",
-    "p": "--partition",
-    "account": "--account",
-    "A": "--account",
-    "qos": "--qos",
-    "q": "--qos",
-    "constraint": "--constraint",
-    "C": "--constraint",
-    "exclude": "--exclude",
-    "x": "--exclude",
-    "mem": "--mem",
-    "cpus-per-task": "--cpus-per-task",
-    "c": "--cpus-per-task",
-    "job-name": "--job-name",
-    "J": "--job-name",
-    "output": "--log-dir",
-    "o": "--log-dir",
-    "error": "--log-dir",
-    "e": "--log-dir",
-    "open-mode": "(fixed: append, so a requeued job keeps one log)",
-    "requeue": "(fixed: always requeueable)",
-    "no-requeue": "--max-requeues 0",
-    "signal": "--signal-lead",
-    "chdir": "a --setup line with cd (the job starts in the submit folder)",
-    "D": "a --setup line with cd (the job starts in the submit folder)",
-}
 
 # srun options the rendered step sets itself (one agent task per node).
 MANAGED_SRUN_OPTIONS = frozenset(
@@ -324,8 +285,7 @@ class JobSpec:
             if sbatch and key in MANAGED_SBATCH_OPTIONS:
                 raise SpecError(
                     name,
-                    f"{key!r} is set by hpclaunch itself; "
-                    f"use {MANAGED_SBATCH_OPTIONS[key]} instead",
+                    f"{key!r} is set by hpclaunch itself; {MANAGED_SBATCH_OPTIONS[key]}",
                 )
             if not sbatch and key in MANAGED_SRUN_OPTIONS:
                 raise SpecError(

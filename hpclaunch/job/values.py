@@ -226,3 +226,36 @@ def folder_pattern(pattern: str) -> str:
         f"show the folder itself; give '{folder.rstrip('/')}/*' for the newest file or "
         "folder in it"
     )
+
+
+# sbatch's --dependency: TYPE:JOBID[+MINUTES][:JOBID...] parts (singleton alone), joined by
+# "," (all must hold) or "?" (any may); SLURM 22.05's types.
+DEPENDENCY_TYPES = ("after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok")
+_DEPENDENCY_PART = re.compile(
+    rf"(?:{'|'.join(DEPENDENCY_TYPES)})(?::[0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?)+\Z|singleton\Z"
+)
+
+
+def parse_dependency(text: str) -> str:
+    """Check sbatch's ``--dependency`` value; returns it unchanged. Raises SpecError."""
+    joins = [sep for sep in ",?" if sep in text]
+    parts = re.split(r"[,?]", text)
+    bad = [part for part in parts if not _DEPENDENCY_PART.match(part)]
+    if len(joins) > 1 or bad or not text:
+        what = f"{bad[0]!r} in " if bad and bad[0] != text else ""
+        raise SpecError(
+            "dependency",
+            f"{what}{text!r} is not a SLURM dependency; write TYPE:JOBID[:JOBID...] with TYPE "
+            f"one of {', '.join(DEPENDENCY_TYPES)}, or singleton; join parts with ',' (all "
+            "must hold) or '?' (any may), not both; e.g. afterok:1234",
+        )
+    return text
+
+
+def after_dependency(job_ids: tuple[int, ...]) -> str:
+    """``--after JOBID``'s dependency: start once each job has completed successfully
+    (afterok; a requeued job keeps its id, so this waits through its requeues)."""
+    for job_id in job_ids:
+        if job_id < 1:
+            raise SpecError("after", f"--after {job_id}: a job id is a positive number")
+    return "afterok:" + ":".join(str(job_id) for job_id in job_ids)

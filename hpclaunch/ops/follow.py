@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.ops import training
+from hpclaunch.ops import deadends, training
 from hpclaunch.ops.status import JobStatus
 from hpclaunch.ops.training import Training
 from hpclaunch.slurm.hostlist import compress
@@ -145,15 +145,17 @@ def loop(
 ) -> JobStatus:
     """The one follow loop: look at the job (``first``, when given, is the first look),
     hand each look to ``seen``, and sleep between looks until the job has ended;
-    returns the last look. Raises LostTrack when SLURM has forgotten the job and its
-    folder does not say how it ended, or after ``blind_looks`` looks in a row without
-    a state."""
+    returns the last look. Raises NeverStarts for a pending job that can never start
+    (ops.deadends); LostTrack when SLURM has forgotten the job and its folder does not
+    say how it ended, or after ``blind_looks`` looks in a row without a state."""
     blind = 0
     now = first if first is not None else look()
     while True:
         seen(now)
         if now.ended:
             return now
+        if now.never_starts is not None:  # SLURM would keep it pending for ever
+            raise deadends.error(now.job_id, now.never_starts)
         blind = blind + 1 if now.state is None else 0
         if now.state is None and (now.slurm_forgot or blind >= blind_looks):
             why = "; ".join(now.notes) or "no state from SLURM or the job folder"

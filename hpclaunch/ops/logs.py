@@ -60,6 +60,12 @@ class LogSelection:
         """The error for a job with none of these logs yet."""
         what = "log of that rank or node" if self.of_ranks else "batch log"
         seen = f" (nodes it ran on: {nodes_seen(folder)})" if self.node is not None else ""
+        ranks = ranks_seen(folder)
+        if self.rank is not None and self.node is None and ranks:
+            return JobNotFound(
+                f"job {job_id} has no rank {self.rank} (from --rank): its ranks are "
+                f"{compress_ranks(ranks)}; give one of them"
+            )
         return JobNotFound(f"job {job_id} has no {what} yet{seen}")
 
 
@@ -67,6 +73,28 @@ def nodes_seen(folder: Path) -> str:
     """The nodes any attempt of the job ran on, for a message."""
     names = sorted({name for a in JobFolder(folder).attempts() for name in a.node_ranks()})
     return ", ".join(names) or "none recorded"
+
+
+def ranks_seen(folder: Path) -> list[int]:
+    """The global ranks any attempt of the job wrote a log for."""
+    found = set()
+    for attempt in JobFolder(folder).attempts():
+        for path in attempt.path.glob("rank-*.*"):
+            number = path.name.split(".")[0].removeprefix("rank-")
+            if number.isdigit():
+                found.add(int(number))
+    return sorted(found)
+
+
+def compress_ranks(ranks: list[int]) -> str:
+    """``0-3, 6`` for [0, 1, 2, 3, 6]."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
 def show(

@@ -20,7 +20,7 @@ from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.jobdir import failures, found_checkpoints, hangs, lost_work, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
-from hpclaunch.ops import registry, training, unsaved
+from hpclaunch.ops import deadends, registry, training, unsaved
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
 from hpclaunch.slurm.states import JobRecord, JobState, Source, is_final
@@ -75,6 +75,7 @@ class JobStatus:
     state: str | None = None  # SLURM's, or derived from history.json (see state_source)
     state_source: str | None = None  # "scontrol", "sacct" or "history"
     pending_reason: str | None = None
+    never_starts: str | None = None  # why a pending job can never start (ops.deadends)
     name: str | None = None
     nodes: list[str] = field(default_factory=list)
     exit_code: str | None = None  # SLURM's ExitCode, "STATUS:SIGNAL"
@@ -235,6 +236,7 @@ def _from_slurm(job_id: int, slurm: Slurm, status: JobStatus) -> JobRecord | Non
         status.name = record.name
         if record.job_state is JobState.PENDING:
             status.pending_reason = record.reason
+            status.never_starts = deadends.never_starts(job_id, record.reason, slurm)
         status.requeues = record.restarts
         out = record.stdout or ""
         if out.startswith("/") and Path(out).exists():

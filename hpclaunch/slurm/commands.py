@@ -9,6 +9,7 @@ command output are pure functions.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,7 +161,30 @@ class JobLookup:
         return self.not_on_path or (self.sacct_error is not None and not self.forgotten)
 
 
+# SLURM 22.05's words when a command has no configuration: no SLURM_CONF and no slurmctld
+# announced in DNS ("DNS SRV lookup failed"), or a file it cannot read or parse.
+NO_CONFIG = "Could not establish a configuration source"
+CONF_UNREADABLE = "Unable to process configuration file"
+
+
+def config_problem(stderr: str, env: Mapping[str, str]) -> str | None:
+    """The error to give when SLURM's command ``stderr`` says it found no configuration
+    (``env``: the command's environment); None when it says something else."""
+    conf = env.get("SLURM_CONF")
+    fix = ("the cluster's slurm.conf (as your site documents, often /etc/slurm/slurm.conf; "
+           'for the sandbox: eval "$(hpclaunch sandbox env)")')  # fmt: skip
+    if NO_CONFIG in stderr and not conf:
+        return ("SLURM's commands found no configuration: SLURM_CONF is not set and no "
+                f"slurmctld is announced in DNS; set SLURM_CONF to {fix}")  # fmt: skip
+    if CONF_UNREADABLE in stderr or NO_CONFIG in stderr:
+        return (f"SLURM's commands cannot read their configuration: SLURM_CONF={conf} "
+                f"is not a readable slurm.conf; point SLURM_CONF at {fix}")  # fmt: skip
+    return None
+
+
 def _first_line(exc: SlurmError) -> str:
+    if config_problem(exc.stderr, {}) is not None or exc.returncode is None:
+        return str(exc)
     text = (exc.stderr.strip() or str(exc)).splitlines()
     return text[0] if text else "no answer"
 
@@ -174,9 +198,16 @@ class Slurm:
     env: Mapping[str, str] | None = None  # None: this process's environment
 
     def _run(self, argv: Sequence[str], cwd: Path | None = None) -> CommandResult:
+        env = os.environ if self.env is None else self.env
+        conf = env.get("SLURM_CONF")
+        if conf and not Path(conf).is_file():  # SLURM would retry it for a minute
+            raise SlurmError(argv, None, "", config_problem(CONF_UNREADABLE, env) or "")
         result = self.runner(argv, timeout_s=self.timeout_s, cwd=cwd, env=self.env)
         if result.returncode != 0:
             detail = result.stderr.strip() or result.stdout.strip() or "(no output)"
+            problem = config_problem(result.stderr, env)
+            if problem is not None:
+                raise SlurmError(argv, result.returncode, result.stderr, problem)
             raise SlurmError(
                 argv,
                 result.returncode,
@@ -186,13 +217,34 @@ class Slurm:
         return result
 
     def sbatch(self, script: Path, *, cwd: Path | None = None) -> SubmittedJob:
-        """Submit ``script``. Raises SlurmNotFound, or SlurmError with sbatch's stderr."""
+        """Submit ``script``. Raises SlurmNotFound, or SlurmError with sbatch's stderr
+        (for a partition that does not exist, with the ones that do)."""
         argv = ("sbatch", "--parsable", str(script))
-        result = self._run(argv, cwd=cwd)
+        try:
+            result = self._run(argv, cwd=cwd)
+        except SlurmError as exc:
+            if INVALID_PARTITION not in exc.stderr:
+                raise
+            raise SlurmError(argv, exc.returncode, exc.stderr, self._partition_error(exc)) from None
         try:
             return parse_sbatch_parsable(result.stdout)
         except ValueError as exc:
             raise SlurmError(argv, result.returncode, result.stderr, str(exc)) from None
+
+    def _partition_error(self, exc: SlurmError) -> str:
+        asked = exc.stderr.partition("invalid partition specified:")[2].split()
+        try:
+            listed = parse_partitions(self._run(PARTITIONS).stdout)
+        except SlurmError as sinfo:
+            listed = f"(sinfo could not list them: {_first_line(sinfo)})"
+        named = f" {asked[0]!r}" if asked else ""
+        return (f"sbatch refused the partition{named}: it does not exist ({INVALID_PARTITION}). "
+                f"Partitions here: {listed}; give one with --partition (or partition = "
+                "in a profile), or leave it out for the default")  # fmt: skip
+
+    def partition_fields(self, name: str) -> dict[str, str]:
+        """``scontrol show partition NAME`` as KEY=VALUE pairs. Raises SlurmError."""
+        return parse_show_job(self._run(("scontrol", "show", "partition", name)).stdout)
 
     def ping(self) -> bool:
         """Whether slurmctld answers."""
@@ -281,6 +333,27 @@ class Slurm:
         if reason is not None:
             argv.append(f"Reason={reason}")
         self._run(argv)
+
+
+# sbatch's stderr for a --partition that does not exist (SLURM 22.05).
+INVALID_PARTITION = "Invalid partition name specified"
+PARTITIONS = ("sinfo", "--noheader", "--format=%P %D %a")
+
+
+def parse_partitions(stdout: str) -> str:
+    """``sinfo --noheader --format='%P %D %a'`` as one phrase: ``low (default, 4 nodes),
+    high (4 nodes, down)``."""
+    out = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        name, count, avail = parts
+        notes = ["default"] if name.endswith("*") else []
+        notes.append(f"{count} node{'s' if count != '1' else ''}")
+        notes += [] if avail == "up" else [avail]
+        out.append(f"{name.rstrip('*')} ({', '.join(notes)})")
+    return ", ".join(out) or "none"
 
 
 def parse_show_job(text: str) -> dict[str, str]:
