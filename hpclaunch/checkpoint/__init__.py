@@ -1,7 +1,8 @@
 """Checkpoints that survive being killed, and the preemption flag a training loop polls.
 
-A training script needs a few calls. Sharded state (FSDP2, tensor parallel: any
-DTensor) is written by every rank and resharded on load::
+A training script needs four calls (``Preemption.install``, ``load_latest``,
+``should_stop``, ``save``), and ``wait`` when it saves asynchronously. Sharded state
+(FSDP2, tensor parallel: any DTensor) is written by every rank and resharded on load::
 
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from hpclaunch import checkpoint

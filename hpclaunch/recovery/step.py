@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
 from hpclaunch.errors import ExitCode, HpclaunchError
@@ -85,11 +86,14 @@ def run_step(
     forwarder: Forwarder,
     grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
     on_signal: Callable[[int], None] | None = None,
+    noise_log: Path | None = None,
 ) -> StepResult:
     """Run ``argv`` (the srun step) with ``forwarder`` passing signals to it. After the
     first signal the step gets ``grace_s`` seconds to end; then srun is killed (SLURM
     cleans up the tasks). ``on_signal(first signal)`` runs once, outside the signal
-    handler, while the step is still ending. Raises StepNotFound."""
+    handler, while the step is still ending. With ``noise_log``, torch's known-harmless
+    lines go there and are summarised once at the end (hpclaunch.recovery.noise).
+    Raises StepNotFound."""
     try:
         child = subprocess.Popen(list(argv), stderr=subprocess.PIPE)
     except FileNotFoundError:
@@ -97,12 +101,14 @@ def run_step(
             f"{argv[0]!r} is not on PATH in the batch step; this must run inside a SLURM "
             "job (the rendered script calls it)"
         ) from None
-    tee = stepdeath.Tee(child.stderr).start() if child.stderr is not None else None
+    tee = stepdeath.Tee(child.stderr, noise_log).start() if child.stderr is not None else None
     forwarder.attach(child)
     log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
     returncode = _wait(child, forwarder.received, grace_s, on_signal)
     log.info("supervisor: step ended with status %d", exit_status(returncode))
     died = tee.deaths() if tee is not None else ()
+    for line in tee.summary() if tee is not None else ():
+        log.info("supervisor: %s", line)
     srun_signal = -returncode if returncode < 0 else None
     return StepResult(exit_status(returncode), tuple(forwarder.received), died, srun_signal)
 

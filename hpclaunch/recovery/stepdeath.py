@@ -24,7 +24,10 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
+
+from hpclaunch.recovery.noise import Noise
 
 _TASK_DIED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+?)\s*$")
 _EXITED = "Exited with exit code"
@@ -71,10 +74,13 @@ def describe(died: tuple[Death, ...], srun_signal: int | None) -> str:
 @dataclass
 class Tee:
     """Copies a pipe (srun's stderr) to this process's stderr as it comes, keeping
-    srun's own lines (a task's death, the step's end)."""
+    srun's own lines (a task's death, the step's end). torch's known-harmless lines
+    (hpclaunch.recovery.noise) go to ``raw`` instead, when given, to be summarised."""
 
     source: IO[bytes]
+    raw: Path | None = None
     kept: list[str] = field(default_factory=list)
+    noise: Noise = field(default_factory=Noise)
     _thread: threading.Thread | None = None
 
     def start(self) -> Tee:
@@ -84,15 +90,39 @@ class Tee:
 
     def _copy(self) -> None:
         out = sys.stderr.buffer
-        for line in iter(self.source.readline, b""):
-            out.write(line)
-            out.flush()
-            if line.startswith(b"srun: "):
-                self.kept.append(line.decode(errors="replace"))
-        self.source.close()
+        raw: IO[bytes] | None = None
+        try:
+            for line in iter(self.source.readline, b""):
+                if self.raw is not None and self.noise.take(line.decode(errors="replace")):
+                    raw = raw or _open(self.raw)
+                    if raw is not None:
+                        raw.write(line)
+                    continue
+                out.write(line)
+                out.flush()
+                if line.startswith(b"srun: "):
+                    self.kept.append(line.decode(errors="replace"))
+        finally:
+            self.source.close()
+            if raw is not None:
+                raw.close()
+
+    def summary(self) -> list[str]:
+        """What the noise taken out amounts to (once the copy has ended: ``deaths``)."""
+        return self.noise.summary(str(self.raw)) if self.raw is not None else []
 
     def deaths(self) -> tuple[Death, ...]:
         """The deaths srun reported (waits for the end of its stderr, a while)."""
         if self._thread is not None:
             self._thread.join(_JOIN_S)
         return deaths(list(self.kept))
+
+
+def _open(path: Path) -> IO[bytes] | None:
+    """The noise file, appended to; None (the lines are dropped, the counts kept) when
+    the job folder cannot be written, which the supervisor reports elsewhere."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("ab")
+    except OSError:
+        return None

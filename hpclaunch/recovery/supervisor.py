@@ -70,7 +70,7 @@ def supervise(
         gave_up = run.before_step()
         if gave_up is not None:
             return gave_up
-        result = run_step(argv, forwarder, grace_s, run.on_first_signal)
+        result = run_step(argv, forwarder, grace_s, run.on_first_signal, run.noise_log())
         return run.after_step(result)
 
 
@@ -133,6 +133,13 @@ class Supervisor:
         if folder and self.history is not None:
             self.history.checkpoint_dir = folder
         return None
+
+    def noise_log(self) -> Path | None:
+        """Where this run's known-harmless torch lines go (hpclaunch.recovery.noise);
+        None without a job folder: they are then copied to the batch log as they are."""
+        if self.job_dir is None:
+            return None
+        return JobFolder(self.job_dir).logs / f"requeue-{self.requeue_count}" / "torch-noise.log"
 
     def before_step(self) -> int | None:
         """The exit status when the requeue budget is already spent, else None (the

@@ -149,6 +149,7 @@ def test_cancel_ends_a_running_job_for_good(cli: Cli) -> None:
     wait_for(lambda: (job_dir / "checkpoints" / f"step-{4:012d}.pt").exists(), timeout_s=120,
              what="the checkpoint of step 4")  # fmt: skip
     nodes = cli.status(job)["nodes"]
+    follower = cli.start("status", "--follow", str(job))
     out = cli.run("cancel", str(job)).stdout
     assert out.startswith(f"job {job}: cancelled (was RUNNING on n")
     assert out.endswith("it will not be requeued\n")
@@ -159,6 +160,8 @@ def test_cancel_ends_a_running_job_for_good(cli: Cli) -> None:
     wait_for(lambda: bool(cli.status(job)["runs"][-1]["reason"]), timeout_s=30,
              what="the supervisor's record")  # fmt: skip
     assert [run["reason"] for run in cli.status(job)["runs"]] == ["cancelled"]
+    _, followed = follower.communicate(timeout=60)  # docs/operating.md: 128 + SIGTERM
+    assert cancelled["exit_code"] == "143:0" and follower.returncode == 143, followed
     again = cli.run("cancel", str(job), check=False)
     assert again.returncode == 1
     assert f"job {job} already ended (CANCELLED); nothing to cancel" in again.stderr
