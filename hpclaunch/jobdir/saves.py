@@ -52,6 +52,11 @@ def slowest(path: Path, count: int = 5) -> SaveRecord | None:
     return max(_records(path)[-count:], key=lambda r: r.total_s, default=None)
 
 
+def records(path: Path) -> list[SaveRecord]:
+    """Every readable record, oldest first (hpclaunch.jobdir.goodput reads them all)."""
+    return _records(path)
+
+
 def _records(path: Path) -> list[SaveRecord]:
     """Every readable record, oldest first (a torn or foreign line is skipped)."""
     try:
