@@ -27,6 +27,7 @@ class _Commands(click.Group):
         "cancel": ("hpclaunch.cli.jobs", "cancel"),
         "list": ("hpclaunch.cli.jobs", "list_jobs"),
         "logs": ("hpclaunch.cli.jobs", "logs"),
+        "report": ("hpclaunch.cli.report", "report_command"),
         "sandbox": ("hpclaunch.sandbox.cli", "sandbox"),
         "sbatch": ("hpclaunch.cli.sbatch", "sbatch"),
         "stacks": ("hpclaunch.cli.jobs", "stacks"),

@@ -49,6 +49,8 @@ def render_status(status: JobStatus) -> str:
         lines.append(f"  last save:       {status.last_save}")
     if status.progress:
         lines.append(f"  progress:        {status.progress}")
+    if status.goodput is not None:
+        lines.append(f"  goodput:         {status.goodput.line()}")
     for hang in status.hangs:
         lines.append(f"  hang:            {hang}")
     for run in status.runs:

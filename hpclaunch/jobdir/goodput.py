@@ -20,6 +20,7 @@ notes, the saves, the hang reports; ``of_folder`` reads them from a job folder),
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 from hpclaunch.jobdir import attempts, hangs, saves
 from hpclaunch.jobdir.attempts import BEGIN, END, FIRST, AttemptEvent
 from hpclaunch.jobdir.hangs import NodeProgress
-from hpclaunch.jobdir.history import History
+from hpclaunch.jobdir.history import History, HistoryError
 from hpclaunch.jobdir.layout import JobFolder
 
 PARTS = ("queue", "startup", "productive", "checkpoint", "lost", "restarts", "hangs",
@@ -94,8 +95,6 @@ class Split:
     submitted: float
     until: float  # the job's end, or when this was worked out
     submit_known: bool  # False: the first run's start stands for the submit time
-    segments: list[Segment] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
 
     def parts(self) -> dict[str, float]:
         return {part: getattr(self, f"{part}_s") for part in PARTS}
@@ -106,6 +105,17 @@ class Split:
         shown = [f"{part} {duration(s)}" for part, s in self.parts().items() if s >= 0.5]
         text = f"{ratio} of {duration(self.wall_s)}: " + ", ".join(shown or ["nothing yet"])
         return text + ("" if self.submit_known else " (submit time unknown: from the first run)")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The split and what it was cut from: each part's stretches, and the attempts."""
+
+    split: Split
+    segments: list[Segment] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    saves: list[Save] = field(default_factory=list)
+    hung: list[tuple[int, int]] = field(default_factory=list)
 
 
 def duration(seconds: float) -> str:
@@ -209,13 +219,13 @@ def _run(
     return tiler.segments
 
 
-def split(
+def timeline(
     runs: Sequence[RunTimes], attempts: Mapping[int, Sequence[Attempt]], saves: Sequence[Save],
     hung: set[tuple[int, int]], submitted: float | None, now: float, final: bool,
-) -> Split | None:  # fmt: skip
-    """The job's goodput from plain data: ``attempts`` by requeue, ``hung`` the
-    (requeue, attempt) pairs a hang ended, ``final``: the job has ended (SLURM says so),
-    else its time runs to ``now``. None without a run. Pure."""
+) -> Timeline | None:  # fmt: skip
+    """The job's goodput and its stretches, from plain data: ``attempts`` by requeue,
+    ``hung`` the (requeue, attempt) pairs a hang ended, ``final``: the job has ended
+    (SLURM says so), else its time runs to ``now``. None without a run. Pure."""
     if not runs:
         return None
     runs = sorted(runs, key=lambda r: r.started)
@@ -242,12 +252,13 @@ def split(
         totals[segment.part] += segment.end - segment.start
     wall = until - start
     shares = {f"{part}_s": round(totals[part], 3) for part in PARTS}
-    return Split(
+    split = Split(
         wall_s=round(wall, 3), **shares,
         ratio=round(totals["productive"] / wall, 4) if wall > 0 else None,
-        submitted=start, until=until, submit_known=submitted is not None, segments=segments,
-        attempts=[a for requeue in sorted(attempts) for a in attempts[requeue]],
+        submitted=start, until=until, submit_known=submitted is not None,
     )  # fmt: skip
+    found = [a for requeue in sorted(attempts) for a in attempts[requeue]]
+    return Timeline(split, segments, found, list(saves), sorted(hung))
 
 
 def with_notes(found: Sequence[Attempt], notes: Sequence[NodeProgress]) -> list[Attempt]:
@@ -265,7 +276,7 @@ def with_notes(found: Sequence[Attempt], notes: Sequence[NodeProgress]) -> list[
 
 
 def of_folder(folder: Path, job_id: int, submitted: float | None, now: float,
-              final: bool) -> Split | None:  # fmt: skip
+              final: bool) -> Timeline | None:  # fmt: skip
     """The goodput of the job whose folder is ``folder`` (``submitted``: the job list's
     submit time, None when unknown); None before its first run. Raises HistoryError
     when history.json cannot be read."""
@@ -281,4 +292,14 @@ def of_folder(folder: Path, job_id: int, submitted: float | None, now: float,
     kept = sorted((Save(r.step, r.ended - r.total_s, r.blocked_s) for r in records),
                   key=lambda s: s.called)  # fmt: skip
     hung = {(r.requeue, r.attempt) for r in hangs.read_reports(job)}
-    return split(runs, found, kept, hung, submitted, now, final)
+    return timeline(runs, found, kept, hung, submitted, now, final)
+
+
+def summary(folder: Path, job_id: int, submitted: float | None, final: bool) -> Split | None:
+    """``hpclaunch status``'s goodput: None before the first run, or when history.json
+    cannot be read (status notes that already)."""
+    try:
+        found = of_folder(folder, job_id, submitted, time.time(), final)
+    except HistoryError:
+        return None
+    return found.split if found else None

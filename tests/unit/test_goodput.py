@@ -37,8 +37,11 @@ def node(attempt: int, begin: float, first: float | None, end: float | None = No
     return rows
 
 
-def parts(split: goodput.Split | None) -> dict[str, float]:
-    assert split is not None
+def parts(found: goodput.Timeline | None) -> dict[str, float]:
+    assert found is not None
+    split = found.split
+    stretches = sum(s.end - s.start for s in found.segments)
+    assert stretches == pytest.approx(split.wall_s, abs=0.01)
     assert sum(split.parts().values()) == pytest.approx(split.wall_s, abs=0.01)
     return {k: v for k, v in split.parts().items() if v}
 
@@ -46,9 +49,9 @@ def parts(split: goodput.Split | None) -> dict[str, float]:
 def test_one_run_that_completed() -> None:
     runs = [RunTimes(**{"requeue": 0, "started": 10, "ended": 100, "reason": "completed"})]
     found = {0: run_attempts(0, *node(0, 12, 20, 95, 90))}
-    split = goodput.split(runs, found, [], set(), submitted=0, now=500, final=True)
+    split = goodput.timeline(runs, found, [], set(), submitted=0, now=500, final=True)
     assert parts(split) == {"queue": 10, "startup": 10, "productive": 70, "shutdown": 10}
-    assert split is not None and split.ratio == 0.7 and split.wall_s == 100
+    assert split is not None and split.split.ratio == 0.7 and split.split.wall_s == 100
 
 
 def test_a_lost_node_requeues_and_the_steps_after_the_checkpoint_are_lost() -> None:
@@ -58,7 +61,7 @@ def test_a_lost_node_requeues_and_the_steps_after_the_checkpoint_are_lost() -> N
         1: run_attempts(1, *node(0, 72, 80, 118, 115)),
     }
     saved = [Save(step=10, called=30, blocked_s=2)]
-    split = goodput.split(runs, found, saved, set(), submitted=0, now=500, final=True)
+    split = goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True)
     assert parts(split) == {"queue": 20, "startup": 20, "productive": 45, "checkpoint": 2,
                             "lost": 18, "restarts": 10, "shutdown": 5}  # fmt: skip
 
@@ -66,24 +69,24 @@ def test_a_lost_node_requeues_and_the_steps_after_the_checkpoint_are_lost() -> N
 def test_an_in_place_restart_after_a_hang() -> None:
     runs = [RunTimes(0, 0, 100, "completed")]
     found = {0: run_attempts(0, *node(0, 2, 10, 50, 40), *node(1, 52, 60, 97, 95))}
-    split = goodput.split(runs, found, [], {(0, 0)}, submitted=None, now=500, final=True)
+    split = goodput.timeline(runs, found, [], {(0, 0)}, submitted=None, now=500, final=True)
     assert parts(split) == {"startup": 10, "lost": 30, "hangs": 10, "restarts": 10,
                             "productive": 35, "shutdown": 5}  # fmt: skip
-    assert split is not None and not split.submit_known
-    assert "submit time unknown" in split.line()
+    assert split is not None and not split.split.submit_known
+    assert "submit time unknown" in split.split.line()
 
 
 def test_a_running_job_trains_until_now() -> None:
     runs = [RunTimes(0, 50, None)]
     found = {0: run_attempts(0, *node(0, 52, 60))}
-    split = goodput.split(runs, found, [], set(), submitted=40, now=200, final=False)
+    split = goodput.timeline(runs, found, [], set(), submitted=40, now=200, final=False)
     assert parts(split) == {"queue": 10, "startup": 10, "productive": 140}
 
 
 def test_a_requeued_job_waits_in_the_queue_until_now() -> None:
     runs = [RunTimes(0, 10, 100, "requeued by SLURM")]
     found = {0: run_attempts(0, *node(0, 12, 20, 90, 80))}
-    split = goodput.split(runs, found, [], set(), submitted=0, now=150, final=False)
+    split = goodput.timeline(runs, found, [], set(), submitted=0, now=150, final=False)
     # No later attempt yet: the unsaved steps are not (yet) repeated.
     assert parts(split) == {"queue": 60, "startup": 10, "productive": 60, "restarts": 20}
 
@@ -91,11 +94,14 @@ def test_a_requeued_job_waits_in_the_queue_until_now() -> None:
 def test_a_run_without_a_step_is_all_start_up() -> None:
     runs = [RunTimes(0, 10, 40, "failed")]
     found = {0: run_attempts(0, *node(0, 12, None, 30))}
-    assert parts(goodput.split(runs, found, [], set(), 5, 99, True)) == {"queue": 5, "startup": 30}
+    assert parts(goodput.timeline(runs, found, [], set(), 5, 99, True)) == {
+        "queue": 5,
+        "startup": 30,
+    }
 
 
 def test_no_run_no_split() -> None:
-    assert goodput.split([], {}, [], set(), 0, 10, False) is None
+    assert goodput.timeline([], {}, [], set(), 0, 10, False) is None
 
 
 def test_a_lost_node_s_last_step_comes_from_its_progress_note() -> None:
@@ -130,10 +136,10 @@ def test_the_parts_add_up_whatever_the_clocks_say(seed: int) -> None:
     }  # fmt: skip
     saved = [Save(1, t(), rng.uniform(0, 50)) for _ in range(rng.randint(0, 4))]
     hung = {(0, 0)} if rng.random() < 0.5 else set()
-    split = goodput.split(runs, found, sorted(saved, key=lambda s: s.called), hung,
+    split = goodput.timeline(runs, found, sorted(saved, key=lambda s: s.called), hung,
                           rng.choice([None, t()]), now=t(), final=rng.random() < 0.5)  # fmt: skip
     parts(split)
-    assert split is not None and all(v >= 0 for v in split.parts().values())
+    assert split is not None and all(v >= 0 for v in split.split.parts().values())
 
 
 def test_durations_read_as_people_say_them() -> None:
