@@ -112,6 +112,7 @@ def draw(found: Timeline, output: Path, title: str) -> None:
     top.legend(handles=[Patch(color=COLOURS[p], label=p) for p in PARTS], ncol=4,
                fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.05))  # fmt: skip
     bottom.set_ylabel("steps/s")
+    bottom.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since submission")
     figure.tight_layout()
     try:
