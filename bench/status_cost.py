@@ -88,8 +88,16 @@ def main() -> None:
     try:
         box.up(SandboxSpec(nodes=2, mode=Mode.AUTO))
         env = client_env(box)
-        out = subprocess.run(["sbatch", "--parsable", "-N1", "--wrap", "sleep 600"], env=env,
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        argv = [
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-o",
+            str(state / "sleep.out"),
+            "--wrap",
+            "sleep 600",
+        ]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
         job_id = int(out.strip().split(";")[0])
         folder = state / "logs" / str(job_id)
         folder.mkdir(parents=True)
