@@ -30,6 +30,7 @@ class _Commands(click.Group):
         "init": ("hpclaunch.cli.config", "init"),
         "list": ("hpclaunch.cli.jobs", "list_jobs"),
         "logs": ("hpclaunch.cli.jobs", "logs"),
+        "report": ("hpclaunch.cli.report", "report_command"),
         "sandbox": ("hpclaunch.sandbox.cli", "sandbox"),
         "sbatch": ("hpclaunch.cli.sbatch", "sbatch"),
         "stacks": ("hpclaunch.cli.jobs", "stacks"),

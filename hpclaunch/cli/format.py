@@ -56,6 +56,8 @@ def render_status(status: JobStatus) -> str:
         lines.append(f"  restart:         {restart}")
     for loss in status.lost_work:
         lines.append(f"  lost work:       {loss.text()}")
+    if status.goodput is not None:
+        lines.append(f"  goodput:         {status.goodput.line()}")
     for hang in status.hangs:
         lines.append(f"  hang:            {hang}")
     for run in status.runs:

@@ -33,6 +33,7 @@ from hpclaunch.job.values import (
     HANG_OFF,
     parse_hang_timeout,
 )
+from hpclaunch.jobdir import attempts
 from hpclaunch.jobdir import hangs as reports
 from hpclaunch.jobdir.hangs import HangReport, RankAtHang
 from hpclaunch.jobdir.layout import JobFolder
@@ -149,6 +150,7 @@ class Watch:
         self._stopped_since: dict[int, float] = {}
         self._next_check = self._next_note = self._next_requests = 0.0
         self.last_report: HangReport | None = None
+        self._firsts: set[int] = set()  # attempts whose first step is in the attempts log
 
     def folder(self, attempt: int) -> Path:
         return self._local / "progress" / f"attempt-{attempt}"
@@ -169,6 +171,7 @@ class Watch:
         self.attempt, self._ranks = attempt, dict(ranks)
         self._stopped_since.clear()
         self.folder(attempt).mkdir(parents=True, exist_ok=True)
+        self._log_event(attempts.AttemptEvent(self.node, attempt, attempts.BEGIN, time.time()))
 
     def check(self, pids: Mapping[int, int]) -> Hang | None:
         """Look at the workers (local rank -> pid) if CHECK_S has passed: a hang, or None.
@@ -280,6 +283,7 @@ class Watch:
             return False
         totals = [p.total for p in found.values() if p is not None and p.total is not None]
         rank, metrics = self._metrics()
+        self._note_first(found, now)
         note = reports.NodeProgress(self.node, self.attempt, time.time(), ranks,
                                     max(totals, default=None), metrics, rank)  # fmt: skip
         try:
@@ -296,3 +300,35 @@ class Watch:
             if found:
                 return rank, found
         return None, {}
+
+    def _note_first(self, found: Mapping[int, progress.Progress | None], now: float) -> None:
+        """The attempt's first step into the attempts log, once (for the goodput)."""
+        stepped = [p for p in found.values() if p is not None and p.count]
+        if self.attempt in self._firsts or not stepped:
+            return
+        self._firsts.add(self.attempt)
+        first = min(stepped, key=lambda p: p.first)
+        wall = time.time() - (now - first.first)
+        step = min(p.step - p.count + 1 for p in stepped)
+        self._log_event(attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST,
+                                              round(wall, 3), step))  # fmt: skip
+
+    def ended(self) -> None:
+        """The attempt's group has ended: its end and last step into the attempts log
+        (the agent calls it after the last ``note``)."""
+        now = self._clock()
+        folder = self.folder(self.attempt)
+        found = [progress.read(str(folder / f"local-{local}.progress")) for local in self._ranks]
+        stepped = [p for p in found if p is not None and p.count]
+        step = min((p.step for p in stepped), default=None)
+        last = max((p.last for p in stepped), default=None)
+        wall_now = time.time()
+        step_time = round(wall_now - (now - last), 3) if last is not None else None
+        self._log_event(attempts.AttemptEvent(self.node, self.attempt, attempts.END,
+                                              round(wall_now, 3), step, step_time))  # fmt: skip
+
+    def _log_event(self, event: attempts.AttemptEvent) -> None:
+        try:
+            attempts.append(self._job, self.requeue, event)
+        except OSError as exc:
+            log.debug("could not write the attempts log: %s", exc)

@@ -106,6 +106,7 @@ class RecordingAgent(LocalElasticAgent):
             self._count_hang()
         if self._hangs is not None and result.state is not WorkerState.HEALTHY:
             self._hangs.note()  # the group's last progress
+            self._hangs.ended()
         if result.is_failed() and self._on_failure is not None:
             try:
                 error = self._on_failure(result, self.attempt, self._hung)

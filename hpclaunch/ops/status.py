@@ -17,7 +17,7 @@ from typing import Any
 
 from hpclaunch import checkpoint
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures, found_checkpoints, hangs, lost_work, saves
+from hpclaunch.jobdir import failures, found_checkpoints, goodput, hangs, lost_work, saves
 from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import deadends, registry, training, unsaved
@@ -105,6 +105,7 @@ class JobStatus:
     notes: list[str] = field(default_factory=list)
     slurm_forgot: bool = False  # scontrol: "Invalid job id", and no sacct answer
     slurm_unreachable: bool = False  # SLURM's commands are missing, or did not answer
+    goodput: goodput.Split | None = None  # the wall time's split (hpclaunch.jobdir.goodput)
 
     @property
     def job_state(self) -> JobState | None:
@@ -175,6 +176,9 @@ def gather(
                 "SLURM no longer knows the job and its last run did not record how it "
                 "ended (cancelled while pending, or its batch node was lost)"
             )
+    if status.job_dir is not None and status.runs:
+        submitted = entry.submitted if entry is not None else None
+        status.goodput = goodput.summary(Path(status.job_dir), job_id, submitted, status.ended)
     if status.batch_log is None and status.job_dir is not None:
         status.batch_log = _batch_log(Path(status.job_dir).parent, job_id, status.name)
     return status
