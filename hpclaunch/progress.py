@@ -5,18 +5,14 @@ every worker before the script runs); a loop without a torch optimizer calls ``b
 (optionally with its own step number) once per step. Each worker writes its count and
 times into a small file in node memory that only its node's agent reads
 (``HPCLAUNCH_PROGRESS_FILE``): nothing goes over the network per step. The agent uses
-it to notice a hang (hpclaunch.node.hangs) and to report steps per second.
+it to notice a hang (hpclaunch.node.hangs) and for status; ``report`` adds the run's
+length and the script's metrics.
 
 ``install`` also registers a handler that writes every thread's Python stack to
 ``HPCLAUNCH_STACKS_FILE`` on ``stack_signal()``, a real-time signal that no scheduler
 or framework sends (the preemption signals TERM, INT, HUP, QUIT, USR1, USR2 stay the
 script's). This module imports no torch: the hook is registered when the script
 imports torch's optimizers, or at once if it has.
-
-    import hpclaunch.progress
-    for batch in loader:              # a loop without torch.optim
-        ...
-        hpclaunch.progress.beat()     # or beat(step=n)
 """
 
 from __future__ import annotations
@@ -93,7 +89,8 @@ class _Board:
     lean: it runs at every optimizer step)."""
 
     __slots__ = ("_map", "base", "count", "explicit", "first", "flags", "last", "metrics",
-                 "metrics_path", "metrics_written", "pid", "slowest", "step", "total")  # fmt: skip
+                 "metrics_path", "metrics_written", "pending", "pid", "slowest", "step",
+                 "total")  # fmt: skip
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -113,6 +110,7 @@ class _Board:
         self.metrics: dict[str, float] = {}
         self.metrics_path = metrics_path(path)
         self.metrics_written = -METRICS_EVERY_S
+        self.pending = False  # metrics reported since the last write (the next beat writes)
         self.write()
 
     def write(self) -> None:
@@ -129,12 +127,16 @@ class _Board:
             return
         for key, value in metrics.items():
             self.metrics[key] = _number(key, value)
+        self.pending = True
         now = _monotonic()
         if now - self.metrics_written >= METRICS_EVERY_S:
-            self.metrics_written = now
-            # Metrics are worth less than the run: a failed write waits for the next report.
-            with contextlib.suppress(OSError):
-                write_bytes_atomic(Path(self.metrics_path), json.dumps(self.metrics).encode())
+            self.write_metrics(now)
+
+    def write_metrics(self, now: float) -> None:
+        self.metrics_written, self.pending = now, False
+        # Metrics are worth less than the run: a failed write waits for the next report.
+        with contextlib.suppress(OSError):
+            write_bytes_atomic(Path(self.metrics_path), json.dumps(self.metrics).encode())
 
     def beat(self, step: int | None) -> None:
         now = _monotonic()
@@ -147,9 +149,12 @@ class _Board:
             self.first = now
         self.count = count = count + 1
         self.last = now
-        self.step = self.base + count if step is None else step
+        # Steps done: counted, or the script's index of the step just done, plus one.
+        self.step = self.base + count if step is None else step + 1
         _PACK(self._map, 0, _MAGIC, self.flags, count, self.step, self.first, now,
               self.slowest, self.pid, self.total)  # fmt: skip
+        if self.pending and now - self.metrics_written >= METRICS_EVERY_S:
+            self.write_metrics(now)  # the last report's, held back by the rate
 
 
 # The script's metrics reach its file at most this often (each write is a small file).
@@ -184,13 +189,9 @@ _opened = False
 
 
 def beat(step: int | None = None, total: int | None = None, **metrics: float) -> None:
-    """Report one step of progress (``step``: the script's own step number). Call it once
-    per step in a loop that does not step a torch optimizer (those count by themselves).
-    ``total`` and ``metrics`` are as in ``report``. Outside a job hpclaunch launched it
-    does nothing.
-
-        hpclaunch.progress.beat(total=args.steps, loss=loss.item())
-    """
+    """Report one step, in a loop that steps no torch optimizer (those count by
+    themselves); ``step``: the script's index of the step just done, from 0 (status counts
+    ``step + 1`` done); ``total``, ``metrics``: see ``report``. A no-op outside a job."""
     board = _board if _opened else _open(os.environ)
     if board is not None:
         board.explicit = True
@@ -204,12 +205,10 @@ def beat(step: int | None = None, total: int | None = None, **metrics: float) ->
 def report(
     total: int | None = None, metrics: Mapping[str, float] | None = None, **named: float
 ) -> None:
-    """Tell ``hpclaunch status`` how many steps the run is to take (``total``: for a step
-    out of how many and an ETA) and the script's latest metrics (numbers, by name, in
-    ``metrics`` or as keywords: the last values are shown), without counting a step:
-    for a script whose optimizer steps count by themselves. Cheap enough for every step
-    (metrics reach the agent at most once a second). Outside a job hpclaunch launched
-    it does nothing.
+    """Tell ``hpclaunch status`` the run's length in steps (``total``: step out of how
+    many, ETA) and the script's latest metrics (numbers, by name, in ``metrics`` or as
+    keywords), counting no step. Cheap at every step: metrics are written at most once a
+    second. A no-op outside a job.
 
         hpclaunch.progress.report(total=len(loader) * epochs)   # once
         hpclaunch.progress.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])

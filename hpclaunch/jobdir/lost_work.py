@@ -114,8 +114,8 @@ def run_loss(
     saved = max(before_end, key=lambda s: (s.steps, s.time), default=None)
     job_steps = all(r.job_steps for r in ranks)
     resumable = [s for s in known if started is not None and s.time < started]
-    if not job_steps and resumable:
-        return None  # counted from 0 after resuming: not the job's steps
+    if not job_steps and (resumable or (attempt > 0 and before_end)):
+        return None  # counted from 0 after resuming (maybe): not the job's steps
     if saved is not None and saved.steps > steps:
         return None  # a count that is not the job's after all
     return RunLoss(requeue, steps, saved, steps - (saved.steps if saved else 0))

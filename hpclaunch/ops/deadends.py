@@ -103,7 +103,9 @@ def never_starts(job_id: int, reason: str | None, slurm: Slurm) -> str | None:
         job = slurm.job_fields(job_id)
         part = {}
         if reason in ("PartitionNodeLimit", "PartitionTimeLimit") and "Partition" in job:
-            part = slurm.partition_fields(job["Partition"].split(",")[0])
+            if "," in job["Partition"]:
+                return None  # several partitions: one of those not checked may take it
+            part = slurm.partition_fields(job["Partition"])
     except SlurmError:
         return None
     return explain(reason, job, part)

@@ -48,7 +48,11 @@ def run(slurm: Slurm, env: dict[str, str], cwd: Path, resolved: Resolved,
     yield (alive := doctor.controller(conf, ping.returncode, ping.stdout, ping.stderr))
     if alive.verdict is Verdict.PROBLEM:
         return
-    cluster = list(_cluster(slurm, cwd, resolved))
+    try:
+        cluster = list(_cluster(slurm, cwd, resolved))
+    except SlurmError as exc:  # a command that did not answer in time
+        yield Finding("cluster", Verdict.PROBLEM, str(exc))
+        return
     yield from cluster
     placed = cluster[0].verdict is not Verdict.PROBLEM  # no node of a bad partition
     yield from _node(slurm, cwd, resolved, allocate and placed)
@@ -98,7 +102,12 @@ def _node(slurm: Slurm, cwd: Path, resolved: Resolved, allocate: bool) -> Iterat
         yield doctor.filesystem(str(folder), fs)
         return
     marker = secrets.token_hex(8)
-    (folder / MARKER).write_text(marker + "\n")
+    try:
+        (folder / MARKER).write_text(marker + "\n")
+    except OSError as exc:
+        yield Finding("log folder", Verdict.PROBLEM, f"cannot write in {folder}: {exc.strerror}",
+                      "give --log-dir (or log_dir) a folder you can write")  # fmt: skip
+        return
     try:
         done = _ask(slurm, _srun(resolved, folder / MARKER), cwd=cwd, timeout_s=PROBE_TIMEOUT_S)
     except SlurmError as exc:

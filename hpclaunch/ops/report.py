@@ -44,7 +44,11 @@ def _row(a: Attempt, zero: float) -> str:
     def at(t: float | None) -> str:
         return "-" if t is None else f"+{duration(t - zero)}"
 
-    steps = (a.last_step - a.first_step + 1) if a.last_step and a.first_step else None
+    steps = (
+        (a.last_step - a.first_step + 1)
+        if a.last_step is not None and a.first_step is not None
+        else None
+    )
     rate = rate_of(a)
     return (f"{a.requeue:<4} {a.attempt:<8} {at(a.began):<12} {at(a.first):<12} "
             f"{at(a.last):<12} {steps if steps is not None else '-':<6} "

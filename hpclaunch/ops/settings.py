@@ -46,8 +46,6 @@ SLURM_ENV = {
     "mem": "SBATCH_MEM_PER_NODE",
     "job_name": "SBATCH_JOB_NAME",
     "no_kill": "SBATCH_NO_KILL",
-    "max_requeues": "SBATCH_NO_REQUEUE",
-    "signal_lead": "SBATCH_SIGNAL",
 }
 # Others that fight the directives hpclaunch renders, with the setting they fight.
 SLURM_ENV_CONFLICTS = {
@@ -55,6 +53,8 @@ SLURM_ENV_CONFLICTS = {
     "SBATCH_GPUS": "gpus_per_node",
     "SBATCH_GPUS_PER_TASK": "gpus_per_node",
     "SBATCH_OPEN_MODE": "log_dir",
+    "SBATCH_NO_REQUEUE": "max_requeues",  # requeue off: hpclaunch's requeues would fail
+    "SBATCH_SIGNAL": "signal_lead",  # replaces the time-limit warning hpclaunch asks for
 }
 
 

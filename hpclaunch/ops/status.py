@@ -309,9 +309,11 @@ def _progress(job: JobFolder, status: JobStatus, ckpt_dir: Path) -> None:
     status.restarts = training.restarts(job, latest)
     known = lost_work.checkpoints(job, ckpt_dir)
     own_way = bool(status.checkpoint_patterns)
-    for run in status.runs:
-        if run.action in _REQUEUED_ACTIONS or (run.ended is None and run is not status.runs[-1]):
-            loss = lost_work.of_run(job, ckpt_dir, run.requeue, run.started, run.ended, own_way)
+    for index, run in enumerate(status.runs):
+        after = status.runs[index + 1] if index + 1 < len(status.runs) else None
+        if run.action in _REQUEUED_ACTIONS or (run.ended is None and after is not None):
+            ended = run.ended if run.ended is not None or after is None else after.started
+            loss = lost_work.of_run(job, ckpt_dir, run.requeue, run.started, ended, own_way)
             if loss is not None:
                 status.lost_work.append(loss)
     done = status.training.step if status.training else 0

@@ -58,7 +58,8 @@ def of_notes(
              for n in latest}  # fmt: skip
     known = {node: rate for node, rate in rates.items() if rate}
     noted = max(n.time for n in latest)
-    idle = now - noted + min(r.idle_s for n in latest for r in n.ranks)
+    # A node whose notes stopped (lost, or its agent stuck) has not stepped since either.
+    idle = max(now - n.time + min(r.idle_s for r in n.ranks) for n in latest)
     total = max((n.total for n in latest if n.total is not None), default=None)
     rate = min(known.values()) if known else None
     eta = None

@@ -12,7 +12,9 @@ Two kinds, seen with torch 2.13 on the sandbox:
         client socket cannot be retrieved. err=-3   (one line)
 
 * a C++ stack of the rendezvous store (TCPStore) from an agent whose last store request
-  found the store's host gone, at the end of a run, as the agents shut down::
+  found the store's host gone, at the end of a run, as the agents shut down (its one-line
+  warning stays in the batch log, where a store that failed mid-run shows too; the
+  frames after it are taken)::
 
       [W1124 11:47:12.143535730 TCPStore.cpp:115] [c10d] recvVector failed on
         SocketImpl(...): Failed to recv, got 0 bytes. ...   (one line)
@@ -76,7 +78,7 @@ class Noise:
             self._in_stack = True
             why = head["why"] if len(head["why"]) <= 60 else head["why"][:57] + "..."
             self.stack_text = self.stack_text or f"{head['call']} failed: {why}"
-            return True
+            return False  # the warning itself stays: mid-run, it may precede a real failure
         return False
 
     def summary(self, raw: str) -> list[str]:
@@ -92,8 +94,8 @@ class Noise:
         if self.stacks:
             lines.append(
                 f"torch printed {self.stacks} C++ stack{'s' if self.stacks != 1 else ''} of "
-                f"its rendezvous store ({self.stack_text!r}): harmless at the end of a run, "
-                f"where an agent's last store request finds the store's host gone (see "
-                f"{DOCS}); the raw lines are in {raw}"
+                f"its rendezvous store ({self.stack_text!r}), each after the TCPStore warning "
+                f"above: harmless at the end of a run, where an agent's last store request "
+                f"finds the store's host gone (see {DOCS}); the frames are in {raw}"
             )
         return lines

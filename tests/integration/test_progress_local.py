@@ -79,7 +79,7 @@ def test_beat_reports_a_loop_without_an_optimizer(tmp_path: Path) -> None:
     env = base_env(**{progress.PROGRESS_FILE: str(path)})
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     done = progress.read(str(path))
-    assert done is not None and (done.count, done.step) == (5, 104)
+    assert done is not None and (done.count, done.step) == (5, 105)  # steps done: index + 1
     assert done.steps_per_s is not None and done.steps_per_s > 0
     assert progress.read(str(tmp_path / "none")) is None  # no worker wrote it
 

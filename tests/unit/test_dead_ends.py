@@ -247,3 +247,16 @@ def test_a_rank_that_does_not_exist_lists_those_that_do(tmp_path: Path) -> None:
 
 def test_compress_ranks() -> None:
     assert compress_ranks([0, 1, 2, 3, 6, 8, 9]) == "0-3, 6, 8-9"
+
+
+def test_a_job_free_to_run_in_several_partitions_is_not_a_dead_end() -> None:
+    """Only the first partition's limits would be checked: another may take the job."""
+
+    def scontrol(argv: tuple[str, ...]) -> CommandResult:
+        job = PENDING_8.replace("Partition=low", "Partition=low,big")
+        return CommandResult(argv, 0, PARTITION if argv[2] == "partition" else job)
+
+    assert (
+        deadends.never_starts(JOB, "PartitionNodeLimit", Slurm(FakeRunner({"scontrol": scontrol})))
+        is None
+    )

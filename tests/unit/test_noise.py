@@ -17,7 +17,11 @@ RECORDED = (Path(__file__).parent / "torch_noise_recorded.txt").read_text().spli
 def test_the_recorded_noise_is_taken_and_the_rest_is_kept() -> None:
     noise = Noise()
     kept = [line for line in RECORDED if not noise.take(line)]
-    assert kept == [line for line in RECORDED if line.startswith(("[rank0] ", "W1124", "hpc"))]
+    heads = [line for line in RECORDED if "TCPStore.cpp" in line]  # the warnings stay
+    assert len(heads) == 2
+    assert kept == [
+        line for line in RECORDED if line.startswith(("[rank0] ", "W1124", "hpc")) or line in heads
+    ]
     assert (noise.hostname, noise.stacks) == (2, 2)
     assert noise.stack_text.startswith("recvVector failed: Failed to recv, got 0 bytes.")
     first, second = noise.summary("/j/logs/requeue-0/torch-noise.log")
@@ -41,11 +45,12 @@ def test_a_stack_ends_at_the_first_line_of_something_else() -> None:
         "Traceback (most recent call last):",
         "frame #1: not after a head",
     ]
-    assert [noise.take(line) for line in lines] == [True, True, False, False]
+    assert [noise.take(line) for line in lines] == [False, True, False, False]
     assert noise.summary("f") == [
-        "torch printed 1 C++ stack of its rendezvous store ('sendBytes failed: Broken pipe'): "
-        "harmless at the end of a run, where an agent's last store request finds the store's "
-        "host gone (see docs/troubleshooting.md); the raw lines are in f"
+        "torch printed 1 C++ stack of its rendezvous store ('sendBytes failed: Broken pipe'), "
+        "each after the TCPStore warning above: harmless at the end of a run, where an "
+        "agent's last store request finds the store's host gone (see "
+        "docs/troubleshooting.md); the frames are in f"
     ]
 
 
@@ -63,7 +68,11 @@ def test_the_tee_keeps_noise_out_of_the_batch_log_and_in_its_file(
     tee = Tee(source, raw).start()
     assert tee.deaths() == ()  # waits for the copy to end
     printed = capfd.readouterr().err.splitlines()
-    assert printed == [line for line in RECORDED if line.startswith(("[rank0] ", "W1124", "hpc"))]
+    assert printed == [
+        line
+        for line in RECORDED
+        if line.startswith(("[rank0] ", "W1124", "hpc")) or "TCPStore.cpp" in line
+    ]
     assert raw.read_text().splitlines() == [line for line in RECORDED if line not in printed]
     assert [line.split(" ", 3)[:3] for line in tee.summary()] == [
         ["torch's", "c10d", "warned"],

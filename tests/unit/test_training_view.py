@@ -84,6 +84,9 @@ def test_lost_work_counts_the_steps_past_the_last_checkpoint_committed_before_th
     # Counted from 0 after resuming without hpclaunch knowing: not the job's steps, so
     # nothing is said rather than a wrong number. The same for a job that saves its own way.
     assert lost_work.run_loss([note("n1", 5, 2.0, job_steps=False)], 1, 15.0, 30.0, known) is None
+    # The same for an in-place restart that counted from 0 with a checkpoint to resume from.
+    restarted = [note("n1", 5, 2.0, attempt=1, job_steps=False)]
+    assert lost_work.run_loss(restarted, 0, 0.0, 30.0, known) is None
     assert lost_work.run_loss([note("n1", 47, 2.0)], 0, 0.0, 30.0, known, own_way=True) is None
     assert lost_work.run_loss([], 0, 0.0, 30.0, known) is None
 
@@ -151,3 +154,21 @@ def test_follow_says_the_lost_work_once_the_run_has_left_its_nodes() -> None:
     said = [line for line in changes(ending, pending) if line.startswith("lost work")]
     assert said == [f"lost work: {loss.text()}"]
     assert not [line for line in changes(pending, pending) if line.startswith("lost work")]
+
+
+def test_metrics_held_back_by_the_rate_are_written_by_the_next_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(progress, "_monotonic", lambda: clock[0])
+    path = str(tmp_path / "local-0.progress")
+    board = progress._Board(path)
+    board.report(None, {"loss": 1.0})
+    board.report(None, {"loss": 2.0})  # within the second: held back
+    assert progress.read_metrics(path) == {"loss": 1.0}
+    clock[0] += progress.METRICS_EVERY_S
+    board.beat(None)
+    assert progress.read_metrics(path) == {"loss": 2.0}
+    board.beat(step=9)  # the script's index of the step just done: 10 steps done
+    seen = progress.read(path)
+    assert seen is not None and seen.step == 10 and seen.job_steps is False
