@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hpclaunch.jobdir import attempts, hangs, saves
+from hpclaunch.checkpoint import store
+from hpclaunch.jobdir import attempts, hangs, lost_work, saves
 from hpclaunch.jobdir.attempts import BEGIN, END, FIRST, AttemptEvent
 from hpclaunch.jobdir.hangs import NodeProgress
 from hpclaunch.jobdir.history import History, HistoryError
@@ -288,9 +289,12 @@ def of_folder(folder: Path, job_id: int, submitted: float | None, now: float,
                                 hangs.read_progress(job, run.requeue))
         for run in runs
     }  # fmt: skip
-    records = saves.records(job.saves)
-    kept = sorted((Save(r.step, r.ended - r.total_s, r.blocked_s) for r in records),
-                  key=lambda s: s.called)  # fmt: skip
+    records = [Save(r.step, r.ended - r.total_s, r.blocked_s) for r in saves.records(job.saves)]
+    # StopCheckpoint's Lightning checkpoints note no save record: their commit time.
+    ckpt_dir = Path(history.checkpoint_dir) if history.checkpoint_dir else job.checkpoints
+    own = [Save(c.steps - 1, c.time, 0.0) for c in lost_work.checkpoints(job, ckpt_dir)
+           if c.label.startswith(store.LIGHTNING_FOLDER)]  # fmt: skip
+    kept = sorted(records + own, key=lambda s: s.called)
     hung = {(r.requeue, r.attempt) for r in hangs.read_reports(job)}
     return timeline(runs, found, kept, hung, submitted, now, final)
 

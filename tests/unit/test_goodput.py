@@ -4,7 +4,9 @@ belongs, and the parts adding up to the wall time whatever the clocks say."""
 from __future__ import annotations
 
 import json
+import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +147,25 @@ def test_the_parts_add_up_whatever_the_clocks_say(seed: int) -> None:
 def test_durations_read_as_people_say_them() -> None:
     assert [goodput.duration(s) for s in (4.4, 185, 7440)] == ["4 s", "3 min 05 s",
                                                                "2 h 04 min"]  # fmt: skip
+
+
+def test_a_lightning_checkpoint_keeps_the_steps_before_it(tmp_path: Path) -> None:
+    """StopCheckpoint notes no save record: its checkpoint file's time holds the steps."""
+    from hpclaunch.jobdir.history import History, Run
+    from hpclaunch.jobdir.layout import JobFolder
+
+    job = JobFolder(tmp_path)
+    runs = [Run(0, "n1", 10.0, 60.0, reason="bad nodes", action="requeue"),
+            Run(1, "n1", 70.0, 120.0, reason="completed", action="none")]  # fmt: skip
+    history = History(7, 3, runs)
+    history.save(tmp_path)
+    for requeue, rows in ((0, node(0, 12, 20, 55, 50)), (1, node(0, 72, 80, 118, 115))):
+        for row in rows:
+            attempts.append(job, requeue, attempts.AttemptEvent(**row))  # type: ignore[arg-type]
+    lightning = job.checkpoints / "lightning"
+    lightning.mkdir(parents=True)
+    ckpt = lightning / "step-000000000040.ckpt"
+    ckpt.write_bytes(b"x")
+    os.utime(ckpt, (45.0, 45.0))
+    found = parts(goodput.of_folder(tmp_path, 7, 0.0, now=500.0, final=True))
+    assert found["lost"] == pytest.approx(5.0)  # 45 -> 50, not the whole run's 20 -> 50
