@@ -177,8 +177,10 @@ def config_problem(stderr: str, env: Mapping[str, str]) -> str | None:
         return ("SLURM's commands found no configuration: SLURM_CONF is not set and no "
                 f"slurmctld is announced in DNS; set SLURM_CONF to {fix}")  # fmt: skip
     if CONF_UNREADABLE in stderr or NO_CONFIG in stderr:
+        said = next((line.strip() for line in stderr.splitlines() if "error:" in line), "")
         return (f"SLURM's commands cannot read their configuration: SLURM_CONF={conf} "
-                f"is not a readable slurm.conf; point SLURM_CONF at {fix}")  # fmt: skip
+                f"is not a readable slurm.conf{f' ({said})' if said else ''}; point "
+                f"SLURM_CONF at {fix}")  # fmt: skip
     return None
 
 

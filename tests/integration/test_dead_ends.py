@@ -108,7 +108,8 @@ def test_no_slurm_conf_names_the_variable(sandbox: Running, folder: Path) -> Non
     assert "SLURM_CONF is not set and no slurmctld is announced in DNS" in done.stderr
     assert "res_nsearch" not in done.stderr
     env["SLURM_CONF"] = str(folder / "missing.conf")
-    done = hpclaunch(sandbox, folder, "status", "1", env=env, timeout_s=20)  # no minute of retries
+    # A job no one submitted (an earlier test's job 1 would be found in the job list).
+    done = hpclaunch(sandbox, folder, "status", "99999", env=env, timeout_s=20)  # no retries
     assert done.returncode == 3
     assert f"SLURM_CONF={folder / 'missing.conf'} is not a readable slurm.conf" in done.stderr
 

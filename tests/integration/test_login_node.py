@@ -114,7 +114,11 @@ def test_real_sbatch_failure_is_shown(tmp_path: Path, hpclaunch_bin: Path) -> No
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 3
-    assert result.stderr.startswith("Error: sbatch failed (exit 1):\nsbatch: ")
+    conf = tmp_path / "slurm.conf"
+    assert result.stderr.startswith(
+        f"Error: SLURM's commands cannot read their configuration: SLURM_CONF={conf} is not "
+        "a readable slurm.conf (sbatch: error: "
+    ), result.stderr
     assert "unrecognized key: BogusKey" in result.stderr  # sbatch's own words
     assert result.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["slurm.conf", "train.py"]
