@@ -120,15 +120,19 @@ class Timeline:
 
 
 def duration(seconds: float) -> str:
-    """``42 s``, ``3 min 05 s``, ``2 h 04 min``."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, secs = divmod(seconds, 60)
+    """A length of time as people say it: ``45 s``, ``4 min 18 s``, ``2 h 05 min``,
+    ``3 d 04 h`` (status's goodput and ETA, the report)."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    if hours < 48:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours:02d} h"
 
 
 def merge(requeue: int, events: Sequence[AttemptEvent]) -> list[Attempt]:

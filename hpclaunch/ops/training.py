@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.goodput import duration
 from hpclaunch.jobdir.hangs import NodeProgress
 from hpclaunch.jobdir.layout import JobFolder
 
@@ -106,21 +107,6 @@ def line(training: Training, now: float | None = None) -> str:
 
 def _number(value: float) -> str:
     return f"{value:.4g}"
-
-
-def duration(seconds: float) -> str:
-    """``45 s``, ``4 min 18 s``, ``2 h 05 min``, ``3 d 04 h``."""
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes:02d} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours:02d} h"
 
 
 def restarts(job: JobFolder, requeue: int) -> list[str]:

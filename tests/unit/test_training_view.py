@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import progress
-from hpclaunch.jobdir import failures, lost_work, saves
+from hpclaunch.jobdir import failures, goodput, lost_work, saves
 from hpclaunch.jobdir.hangs import NodeProgress, RankProgress, write_progress
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.ops import training
@@ -47,7 +47,7 @@ def test_the_line_has_the_step_out_of_the_total_the_rate_the_eta_and_the_metrics
      (3 * 86400 + 4 * 3600, "3 d 04 h")],
 )  # fmt: skip
 def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
-    assert training.duration(seconds) == text
+    assert goodput.duration(seconds) == text
 
 
 def test_follow_prints_progress_when_it_says_something_new_never_a_flood() -> None:
