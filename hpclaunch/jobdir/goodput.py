@@ -212,6 +212,10 @@ def _run(
         is_last = index == len(attempts) - 1
         running = is_last and run.ended is None and attempt.ended is None
         last = end if running else attempt.last or attempt.first
+        # A save the attempt made after its last noted step (a lost node notes no end):
+        # training went on at least until then.
+        stop = attempt.ended if attempt.ended is not None else end
+        last = max([last, *(s.called + s.blocked_s for s in saves if last < s.called <= stop)])
         _train(tiler, attempt, last, lost=not is_last or later, saves=saves)
         if (attempt.requeue, attempt.attempt) in hung:
             tiler.to(attempt.ended, "hangs")

@@ -40,22 +40,29 @@ class RunLoss:
     requeue: int
     steps: int  # the steps done when its last progress was noted
     saved: Saved | None  # the newest checkpoint committed before it ended
-    repeats: int  # the steps the next run does again
+    repeats: int | None  # the steps the next run does again; None: not noted (see text)
 
     def text(self) -> str:
         """``run 0 did 37 steps; its last checkpoint (step 29) holds 30: the next run
         repeats 7 steps``, or the same without a checkpoint."""
+        if self.repeats is None and self.saved is not None:
+            return (
+                f"run {self.requeue}'s progress was last noted at step {self.steps}, before "
+                f"its last checkpoint ({self.saved.label}), which holds {self.saved.steps}: "
+                "the next run repeats the steps it did after that checkpoint, which no note "
+                "counted"
+            )
         if self.saved is None:
             return (
                 f"run {self.requeue} did {self.steps} steps and no checkpoint was written: "
-                f"the next run starts from step 0 and repeats {_steps(self.repeats)}"
+                f"the next run starts from step 0 and repeats {_steps(self.steps)}"
             )
         if self.repeats == 0:
             return (f"run {self.requeue} did {self.steps} steps, all in its last checkpoint "
                     f"({self.saved.label}): nothing is repeated")  # fmt: skip
         return (
             f"run {self.requeue} did {self.steps} steps; its last checkpoint ({self.saved.label}) "
-            f"holds {self.saved.steps}: the next run repeats {_steps(self.repeats)}"
+            f"holds {self.saved.steps}: the next run repeats {_steps(self.repeats or 0)}"
         )
 
 
@@ -117,7 +124,9 @@ def run_loss(
     if not job_steps and (resumable or (attempt > 0 and before_end)):
         return None  # counted from 0 after resuming (maybe): not the job's steps
     if saved is not None and saved.steps > steps:
-        return None  # a count that is not the job's after all
+        # Saved after the last note (a lost node's agent writes no last one): how many
+        # steps followed the checkpoint, no note says.
+        return RunLoss(requeue, steps, saved, None)
     return RunLoss(requeue, steps, saved, steps - (saved.steps if saved else 0))
 
 

@@ -151,6 +151,7 @@ class Watch:
         self._next_check = self._next_note = self._next_requests = 0.0
         self.last_report: HangReport | None = None
         self._firsts: set[int] = set()  # attempts whose first step is in the attempts log
+        self._ends: set[int] = set()  # attempts whose end is
 
     def folder(self, attempt: int) -> Path:
         return self._local / "progress" / f"attempt-{attempt}"
@@ -314,8 +315,13 @@ class Watch:
                                               round(wall, 3), step))  # fmt: skip
 
     def ended(self) -> None:
-        """The attempt's group has ended: its end and last step into the attempts log
-        (the agent calls it after the last ``note``)."""
+        """The attempt's group has ended: its last progress note, and its end and last
+        step into the attempts log; once per attempt (the agent calls it when a group
+        fails, and when it shuts down: a stop signal, the end)."""
+        if self.attempt in self._ends:
+            return
+        self._ends.add(self.attempt)
+        self.note()
         now = self._clock()
         folder = self.folder(self.attempt)
         found = [progress.read(str(folder / f"local-{local}.progress")) for local in self._ranks]

@@ -105,8 +105,7 @@ class RecordingAgent(LocalElasticAgent):
         if self._hung and result.is_failed():
             self._count_hang()
         if self._hangs is not None and result.state is not WorkerState.HEALTHY:
-            self._hangs.note()  # the group's last progress
-            self._hangs.ended()
+            self._hangs.ended()  # the group's last progress
         if result.is_failed() and self._on_failure is not None:
             try:
                 error = self._on_failure(result, self.attempt, self._hung)
@@ -242,6 +241,8 @@ class RecordingAgent(LocalElasticAgent):
             stop_notes.killed_by(death_sig, self._exit_codes())
             death_sig = signal.SIGKILL  # reaches only the workers still running
         super()._shutdown(death_sig, timeout)
+        if self._hangs is not None:  # a stop signal's group ends here: its last progress
+            self._hangs.ended()
 
     def _exit_codes(self) -> dict[int, int]:
         """local rank -> returncode of the current workers that ended."""

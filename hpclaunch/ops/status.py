@@ -11,7 +11,7 @@ is reported, and ``notes`` say what could not be read. No torch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +305,8 @@ def _progress(job: JobFolder, status: JobStatus, ckpt_dir: Path) -> None:
     status.hangs = [hangs.describe(hung) for hung in hangs.first_hung(hangs.read_reports(job))]
     latest = status.runs[-1].requeue if status.runs else 0
     status.training = training.of_notes(hangs.read_progress(job, latest), run=latest)
+    if status.training is not None and status.job_state not in (JobState.RUNNING, None):
+        status.training = replace(status.training, eta_s=None)  # not stepping any more
     status.progress = training.line(status.training) if status.training else None
     status.restarts = training.restarts(job, latest)
     known = lost_work.checkpoints(job, ckpt_dir)

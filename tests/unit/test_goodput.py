@@ -169,3 +169,20 @@ def test_a_lightning_checkpoint_keeps_the_steps_before_it(tmp_path: Path) -> Non
     os.utime(ckpt, (45.0, 45.0))
     found = parts(goodput.of_folder(tmp_path, 7, 0.0, now=500.0, final=True))
     assert found["lost"] == pytest.approx(5.0)  # 45 -> 50, not the whole run's 20 -> 50
+
+
+def test_a_save_after_the_last_noted_step_keeps_the_training_before_it() -> None:
+    """A lost node's run notes no end: its last note (here at 40) is older than its last
+    save (called at 50), so training went on at least until the save."""
+    runs = [RunTimes(0, 10, 60, "requeued by SLURM"), RunTimes(1, 70, 120, "completed")]
+    found = {
+        0: run_attempts(0, *node(0, 12, 20)),
+        1: run_attempts(1, *node(0, 72, 80, 118, 115)),
+    }
+    found[0] = goodput.with_notes(found[0], [NodeProgress("n1", 0, 45.0, (
+        RankProgress(0, 30, 1.0, 0.3, 5.0),))])  # fmt: skip
+    saved = [Save(step=39, called=50, blocked_s=1)]
+    split = goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True)
+    got = parts(split)
+    assert got["productive"] == pytest.approx(30 + 35) and got["checkpoint"] == 1
+    assert "lost" not in got  # the last step known is the save's: nothing after it noted

@@ -172,3 +172,14 @@ def test_metrics_held_back_by_the_rate_are_written_by_the_next_step(
     board.beat(step=9)  # the script's index of the step just done: 10 steps done
     seen = progress.read(path)
     assert seen is not None and seen.step == 10 and seen.job_steps is False
+
+
+def test_a_checkpoint_after_the_last_note_is_said_without_a_made_up_count() -> None:
+    known = [lost_work.Saved(120, 20.0, "step 119")]
+    loss = lost_work.run_loss([note("n1", 75, 2.0)], 0, 0.0, 30.0, known)
+    assert loss is not None and loss.repeats is None
+    assert loss.text() == (
+        "run 0's progress was last noted at step 75, before its last checkpoint (step 119), "
+        "which holds 120: the next run repeats the steps it did after that checkpoint, which "
+        "no note counted"
+    )
