@@ -239,8 +239,8 @@ class Slurm:
             listed = parse_partitions(self._run(PARTITIONS).stdout)
         except SlurmError as sinfo:
             listed = f"(sinfo could not list them: {_first_line(sinfo)})"
-        named = f" {asked[0]!r}" if asked else ""
-        return (f"sbatch refused the partition{named}: it does not exist ({INVALID_PARTITION}). "
+        named, said = f" {asked[0]!r}" if asked else "", exc.stderr.strip().splitlines()[0]
+        return (f"sbatch refused the partition{named}: it does not exist ({said}). "
                 f"Partitions here: {listed}; give one with --partition (or partition = "
                 "in a profile), or leave it out for the default")  # fmt: skip
 

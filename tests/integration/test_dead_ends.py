@@ -94,8 +94,8 @@ def test_a_job_that_can_never_start_is_said_so_and_not_followed(
 def test_an_invalid_partition_lists_the_partitions(sandbox: Running, folder: Path) -> None:
     done = hpclaunch(sandbox, folder, "sbatch", "-p", "nope", "train.py")
     assert done.returncode == 3
-    assert ("sbatch refused the partition 'nope': it does not exist (Invalid partition name "
-            "specified). Partitions here: "
+    assert ("sbatch refused the partition 'nope': it does not exist (sbatch: error: invalid "
+            "partition specified: nope). Partitions here: "
             "low (default, 4 nodes), high (4 nodes)") in done.stderr  # fmt: skip
 
 

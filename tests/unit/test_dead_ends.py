@@ -212,8 +212,8 @@ def test_an_invalid_partition_lists_the_ones_that_exist(tmp_path: Path) -> None:
     with pytest.raises(SlurmError) as caught:
         Slurm(fake).sbatch(tmp_path / "job.sbatch")
     assert str(caught.value) == (
-        "sbatch refused the partition 'nope': it does not exist (Invalid partition name "
-        "specified). Partitions here: low (default, "
+        "sbatch refused the partition 'nope': it does not exist (sbatch: error: invalid "
+        "partition specified: nope). Partitions here: low (default, "
         "4 nodes), high (4 nodes), gpu (1 node, down); give one with --partition (or "
         "partition = in a profile), or leave it out for the default"
     )
