@@ -17,7 +17,9 @@ from tests.integration.training_jobs import EXAMPLES, end_with_a_lost_node, subm
 
 pytestmark = pytest.mark.integration
 
-STEPS = ("--steps", "30", "--checkpoint-every", "5", "--step-time", "0.15")
+# The node is lost after step 9's checkpoint; 50 more steps (~10 s) leave the kill time to
+# land before the run could end by itself, which would leave nothing to requeue.
+STEPS = ("--steps", "60", "--checkpoint-every", "5", "--step-time", "0.15")
 
 
 def hpclaunch(job_env: dict[str, str], cwd: Path, *argv: str) -> str:

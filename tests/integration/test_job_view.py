@@ -82,10 +82,13 @@ def stepped(job: Job) -> int:
 def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     sandbox: Running, tmp_path: Path
 ) -> None:
-    job = submit(sandbox, tmp_path, TRAIN, "--steps", "160", "--step-time", "0.1",
-                 "--checkpoint-every", "20")  # fmt: skip
+    # Checkpoints at steps 99 and 199 only: the node is lost ~15 s after step 105 is seen,
+    # far more than the few seconds from seeing a step to the kill taking effect, so the
+    # run ends between two checkpoints (not on one, which would repeat nothing).
+    job = submit(sandbox, tmp_path, TRAIN, "--steps", "240", "--step-time", "0.1",
+                 "--checkpoint-every", "100")  # fmt: skip
     follower = follow(job)
-    wait_for(lambda: stepped(job) >= 30, timeout_s=120, what=f"job {job.id} at step 30")
+    wait_for(lambda: stepped(job) >= 105, timeout_s=180, what=f"job {job.id} at step 105")
     state, _ = end_with_a_lost_node(sandbox, job)
     assert state == "COMPLETED", job.log
     lines = followed(follower)
@@ -97,7 +100,7 @@ def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     )  # fmt: skip
     assert found, said
     steps, index, holds, repeats = map(int, found.groups())
-    assert holds == index + 1 and holds % 20 == 0 and repeats == steps - holds > 0, said
+    assert holds == index + 1 and holds % 100 == 0 and repeats == steps - holds > 0, said
     text = said[0].removeprefix("lost work: ")
     assert f"lost work:       {text}" in job.status()
     assert f"supervisor: lost work: {text}" in job.log
