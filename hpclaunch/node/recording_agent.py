@@ -233,7 +233,10 @@ class RecordingAgent(LocalElasticAgent):
         process of the step (the agent is a task of a job step: scancel, a requeue, a
         preemption, srun passing the supervisor's signals on) is not sent again. The
         workers got it once, as every framework's handler expects; they get ``timeout``
-        seconds to end, and what is left is killed."""
+        seconds to end, and what is left is killed. Their progress is noted first: SLURM
+        may kill the step (the agent too) before they end."""
+        if self._hangs is not None:
+            self._hangs.note()
         if death_sig in _received and self._pcontext is not None and procs.slurm_signals_step():
             if not self._workers_ended(timeout):
                 log.warning("workers still running %d s after %s; sending SIGKILL", timeout,

@@ -75,6 +75,7 @@ def status_json(job: Job) -> dict[str, object]:
 
 
 def stepped(job: Job) -> int:
+    """The job's steps done, as ``status --json`` has them noted."""
     training = status_json(job).get("training")
     return int(training["step"]) if isinstance(training, dict) else 0
 
@@ -82,13 +83,14 @@ def stepped(job: Job) -> int:
 def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     sandbox: Running, tmp_path: Path
 ) -> None:
-    # Checkpoints at steps 99 and 199 only: the node is lost ~15 s after step 105 is seen,
-    # far more than the few seconds from seeing a step to the kill taking effect, so the
-    # run ends between two checkpoints (not on one, which would repeat nothing).
-    job = submit(sandbox, tmp_path, TRAIN, "--steps", "240", "--step-time", "0.1",
-                 "--checkpoint-every", "100")  # fmt: skip
+    # Checkpoints at steps 149 and 299 only; the node is killed once a step after 149's
+    # checkpoint is noted (the agents note every 10 s: at most ~40 steps after it), ~20 s
+    # of steps before the next one, so the run ends between the two, never on one.
+    job = submit(sandbox, tmp_path, TRAIN, "--steps", "300", "--step-time", "0.2",
+                 "--checkpoint-every", "150")  # fmt: skip
     follower = follow(job)
-    wait_for(lambda: stepped(job) >= 105, timeout_s=180, what=f"job {job.id} at step 105")
+    job.wait_checkpoint(149)
+    wait_for(lambda: stepped(job) > 150, timeout_s=60, what=f"job {job.id} past step 150")
     state, _ = end_with_a_lost_node(sandbox, job)
     assert state == "COMPLETED", job.log
     lines = followed(follower)
@@ -100,7 +102,7 @@ def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     )  # fmt: skip
     assert found, said
     steps, index, holds, repeats = map(int, found.groups())
-    assert holds == index + 1 and holds % 100 == 0 and repeats == steps - holds > 0, said
+    assert holds == index + 1 and holds == 150 and repeats == steps - holds > 0, said
     text = said[0].removeprefix("lost work: ")
     assert f"lost work:       {text}" in job.status()
     assert f"supervisor: lost work: {text}" in job.log
