@@ -5,7 +5,7 @@ caller gives the writers; no click, no torch."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,17 +56,30 @@ class LogSelection:
             )
         return Path(status.job_dir) if status.job_dir else Path()
 
-    def nothing_yet(self, job_id: int, folder: Path) -> JobNotFound:
-        """The error for a job with none of these logs yet."""
+    def nothing_yet(self, job_id: int, folder: Path, ranks: list[int] | None = None) -> JobNotFound:
+        """The error for a job with none of these logs yet (``ranks``: the job's, when
+        known; else those that wrote a log)."""
         what = "log of that rank or node" if self.of_ranks else "batch log"
         seen = f" (nodes it ran on: {nodes_seen(folder)})" if self.node is not None else ""
-        ranks = ranks_seen(folder)
+        ranks = ranks or ranks_seen(folder)
         if self.rank is not None and self.node is None and ranks:
             return JobNotFound(
                 f"job {job_id} has no rank {self.rank} (from --rank): its ranks are "
                 f"{compress_ranks(ranks)}; give one of them"
             )
         return JobNotFound(f"job {job_id} has no {what} yet{seen}")
+
+    def never_written(self, folder: Path, nodes: Sequence[str]) -> list[int] | None:
+        """The job's ranks, when --rank asks for one outside them: the latest attempt's,
+        once every node of the job (``nodes``) has noted its own; None otherwise."""
+        if self.rank is None or self.node is not None or not nodes:
+            return None
+        attempts = JobFolder(folder).attempts()
+        noted = attempts[-1].node_ranks() if attempts else {}
+        if not set(nodes) <= set(noted):
+            return None  # not every node has started yet: the rank may still come
+        ranks = sorted({rank for node in nodes for rank in noted[node]})
+        return ranks if self.rank not in ranks else None
 
 
 def nodes_seen(folder: Path) -> str:
@@ -125,6 +138,9 @@ def follow_logs(
     headers = selection.of_ranks  # one header per rank, per attempt
 
     def files(current: JobStatus) -> Labelled:
+        ranks = selection.never_written(folder, current.nodes)
+        if ranks:  # a rank the job does not have: waiting for it would never end
+            raise selection.nothing_yet(current.job_id, folder, ranks)
         return selection.files(folder, current)
 
     if not files(found) and found.job_state is JobState.PENDING:

@@ -72,6 +72,8 @@ def test_after_starts_the_second_job_once_the_first_has_ended(
     logs = hpclaunch(sandbox, folder, "logs", second_id, "--rank", "9")
     assert logs.returncode == 1
     assert f"job {second_id} has no rank 9 (from --rank): its ranks are 0; give one" in logs.stderr
+    followed = hpclaunch(sandbox, folder, "logs", second_id, "--rank", "9", "--follow")
+    assert followed.returncode == 1 and logs.stderr in followed.stderr  # said, not waited for
 
 
 def test_a_job_that_can_never_start_is_said_so_and_not_followed(

@@ -15,7 +15,7 @@ from hpclaunch.cli.format import render_status
 from hpclaunch.errors import SlurmError
 from hpclaunch.jobdir.layout import JobFolder, RankFile
 from hpclaunch.ops import deadends, follow
-from hpclaunch.ops.logs import LogSelection, compress_ranks, show
+from hpclaunch.ops.logs import LogSelection, compress_ranks, follow_logs, show
 from hpclaunch.ops.status import JobNotFound, JobStatus, gather
 from hpclaunch.slurm.commands import (
     CommandResult,
@@ -243,6 +243,35 @@ def test_a_rank_that_does_not_exist_lists_those_that_do(tmp_path: Path) -> None:
     written: list[str] = []
     show(LogSelection(rank=3), status, written.extend)
     assert "rank 3\n" in "".join(written)
+
+
+def test_following_a_rank_the_job_does_not_have_stops_once_every_node_noted_its_own(
+    tmp_path: Path,
+) -> None:
+    attempt = JobFolder(tmp_path).attempt(0, "0", 0)
+    attempt.path.mkdir(parents=True)
+    attempt.write_node_ranks("n1", [0, 1])
+    running = JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=["n1", "n2"])
+    looks = 0
+
+    def look() -> JobStatus:
+        nonlocal looks
+        looks += 1
+        if looks == 2:  # n2's agent starts: now every rank of the job is known
+            attempt.write_node_ranks("n2", [2, 3])
+        return running
+
+    with pytest.raises(JobNotFound) as caught:
+        follow_logs(LogSelection(rank=9), running, look, lambda parts: None, print,
+                    sleep=lambda s: None)  # fmt: skip
+    assert looks == 2  # waited while n2's ranks were unknown, not after
+    assert str(caught.value) == (
+        "job 7 has no rank 9 (from --rank): its ranks are 0-3; give one of them"
+    )
+    # a rank the job has is followed, and so is any rank while a node has not noted its own
+    assert LogSelection(rank=3).never_written(tmp_path, ["n1", "n2"]) is None
+    assert LogSelection(rank=9).never_written(tmp_path, ["n1", "n2", "n3"]) is None
+    assert LogSelection(rank=9, node="n1").never_written(tmp_path, ["n1", "n2"]) is None
 
 
 def test_compress_ranks() -> None:
