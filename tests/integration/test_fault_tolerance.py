@@ -32,6 +32,10 @@ pytestmark = pytest.mark.integration
 
 TRAIN = EXAMPLES / "train.py"
 STEPS = ("--steps", "30", "--checkpoint-every", "5", "--step-time", "0.15")
+# For a run interrupted after step 9's checkpoint: its 20 steps left take >= 8 s, so the
+# interruption (a signal through the controller, a scheduler pass) lands well before it
+# could end by itself. The step time only sleeps: the digest is that of STEPS.
+INTERRUPTIBLE = ("--step-time", "0.4")
 
 
 def submit(
@@ -75,7 +79,7 @@ INTERRUPTED = {
 def test_an_interrupted_job_is_requeued_once_and_resumes(
     sandbox: Running, tmp_path: Path, uninterrupted: str, how: str
 ) -> None:
-    job = submit(sandbox, tmp_path)
+    job = submit(sandbox, tmp_path, *INTERRUPTIBLE)
     job.wait_checkpoint(9)
     interrupt = {
         "scontrol requeue": ("scontrol", "requeue", str(job.id)),
@@ -98,7 +102,7 @@ def test_an_interrupted_job_is_requeued_once_and_resumes(
 def test_a_lost_node_requeues_the_job_onto_the_others(
     sandbox: Running, tmp_path: Path, uninterrupted: str
 ) -> None:
-    job = submit(sandbox, tmp_path)
+    job = submit(sandbox, tmp_path, *INTERRUPTIBLE)
     job.wait_checkpoint(9)
     state, lost = end_with_a_lost_node(sandbox, job)
     assert state == "COMPLETED", job.log

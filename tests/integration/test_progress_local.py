@@ -28,9 +28,9 @@ for _ in range(3):
     optimizer.step()
 report = {"pythonpath": os.environ.get("PYTHONPATH"), "path": sys.path,
           "user_site": os.environ.get("USER_SITECUSTOMIZE_RAN")}
-print(json.dumps(report), flush=True)
 
 def wait_for_the_test():
+    print(json.dumps(report), flush=True)  # said from here: its stack is read once said
     while True:
         time.sleep(0.05)
 
