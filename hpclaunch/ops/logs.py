@@ -5,7 +5,7 @@ caller gives the writers; no click, no torch."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,17 +69,23 @@ class LogSelection:
             )
         return JobNotFound(f"job {job_id} has no {what} yet{seen}")
 
-    def never_written(self, folder: Path, nodes: Sequence[str]) -> list[int] | None:
-        """The job's ranks, when --rank asks for one outside them: the latest attempt's,
-        once every node of the job (``nodes``) has noted its own; None otherwise."""
-        if self.rank is None or self.node is not None or not nodes:
-            return None
+    def absent_rank(self, folder: Path, current: JobStatus) -> list[int]:
+        """The job's ranks when --rank asks for one it will not have, else []: no attempt
+        ran or logged that rank, and every node of the current run (``current``) has
+        noted its ranks in the run's latest attempt. A rank still to come (a node yet to
+        start, another run, a node list that changed) is never refused."""
+        if self.rank is None or self.node is not None or current.requeues is None:
+            return []
         attempts = JobFolder(folder).attempts()
-        noted = attempts[-1].node_ranks() if attempts else {}
-        if not set(nodes) <= set(noted):
-            return None  # not every node has started yet: the rank may still come
-        ranks = sorted({rank for node in nodes for rank in noted[node]})
-        return ranks if self.rank not in ranks else None
+        if not attempts or attempts[-1].requeue != current.requeues:
+            return []
+        noted = attempts[-1].node_ranks()
+        if not current.nodes or set(current.nodes) != set(noted):
+            return []  # a node has not started yet, or the run's nodes changed
+        every = {rank for a in attempts for ranks in a.node_ranks().values() for rank in ranks}
+        if self.rank in every or self.rank in ranks_seen(folder):
+            return []
+        return sorted({rank for ranks in noted.values() for rank in ranks})
 
 
 def nodes_seen(folder: Path) -> str:
@@ -138,7 +144,7 @@ def follow_logs(
     headers = selection.of_ranks  # one header per rank, per attempt
 
     def files(current: JobStatus) -> Labelled:
-        ranks = selection.never_written(folder, current.nodes)
+        ranks = selection.absent_rank(folder, current)
         if ranks:  # a rank the job does not have: waiting for it would never end
             raise selection.nothing_yet(current.job_id, folder, ranks)
         return selection.files(folder, current)
@@ -151,4 +157,7 @@ def follow_logs(
     except follow.LostTrack as lost:
         warn(f"hpclaunch: lost track of job {found.job_id}'s state: " + "; ".join(lost.last.notes))
         last = lost.last
-    write(tail.rest(files(last), headers))
+    listed = files(last)
+    if not listed and not tail.offsets:  # it ended without ever writing one
+        raise selection.nothing_yet(found.job_id, folder)
+    write(tail.rest(listed, headers))

@@ -73,9 +73,10 @@ def test_a_stopped_worker_is_found_and_restarted_in_place(
     [named] = [r for r in reports if r.culprits]
     assert named.culprits == (3,) and "stopped" in named.how
     # Found within the timeout, the watch's look and the stacks' read (which the report's
-    # time follows; py-spy on 2 busy cores can take seconds), not gloo's 30 min: the node
-    # of the stopped rank by its state, the other by its ranks' missing progress.
-    found_by = TIMEOUT_S + CHECK_S + READ_TIMEOUT_S
+    # time follows: py-spy on 2 busy cores can take seconds, then the signal files as
+    # long), not gloo's 30 min: the node of the stopped rank by its state, the other by
+    # its ranks' missing progress.
+    found_by = TIMEOUT_S + CHECK_S + 2 * READ_TIMEOUT_S
     assert all(r.time - stopped["time"] <= found_by for r in reports), reports
     [first] = hangs.first_hung(reports)
     assert (first.rank, first.step) == (3, 12)

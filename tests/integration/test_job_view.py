@@ -84,7 +84,7 @@ def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     sandbox: Running, tmp_path: Path
 ) -> None:
     # Checkpoints at steps 149 and 299 only; the node is killed once a step after 149's
-    # checkpoint is noted (the agents note every 10 s: at most ~40 steps after it), ~20 s
+    # checkpoint is noted (the agents note every 10 s: at most ~50 steps after it), ~20 s
     # of steps before the next one, so the run ends between the two, never on one.
     job = submit(sandbox, tmp_path, TRAIN, "--steps", "300", "--step-time", "0.2",
                  "--checkpoint-every", "150")  # fmt: skip

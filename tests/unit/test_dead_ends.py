@@ -251,7 +251,8 @@ def test_following_a_rank_the_job_does_not_have_stops_once_every_node_noted_its_
     attempt = JobFolder(tmp_path).attempt(0, "0", 0)
     attempt.path.mkdir(parents=True)
     attempt.write_node_ranks("n1", [0, 1])
-    running = JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=["n1", "n2"])
+    running = JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=["n1", "n2"],
+                        requeues=0)  # fmt: skip
     looks = 0
 
     def look() -> JobStatus:
@@ -268,10 +269,37 @@ def test_following_a_rank_the_job_does_not_have_stops_once_every_node_noted_its_
     assert str(caught.value) == (
         "job 7 has no rank 9 (from --rank): its ranks are 0-3; give one of them"
     )
-    # a rank the job has is followed, and so is any rank while a node has not noted its own
-    assert LogSelection(rank=3).never_written(tmp_path, ["n1", "n2"]) is None
-    assert LogSelection(rank=9).never_written(tmp_path, ["n1", "n2", "n3"]) is None
-    assert LogSelection(rank=9, node="n1").never_written(tmp_path, ["n1", "n2"]) is None
+    assert LogSelection(rank=3).absent_rank(tmp_path, running) == []  # one it has
+    assert LogSelection(rank=9, node="n1").absent_rank(tmp_path, running) == []
+
+
+def test_a_rank_that_may_still_come_is_followed(tmp_path: Path) -> None:
+    attempt = JobFolder(tmp_path).attempt(0, "0", 0)
+    attempt.path.mkdir(parents=True)
+    for node, ranks in {"n1": [0, 1], "n2": [2, 3], "n3": [4, 5]}.items():
+        attempt.write_node_ranks(node, ranks)
+    selection = LogSelection(rank=3)
+
+    def running(nodes: list[str], requeues: int | None = 0) -> JobStatus:
+        return JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=nodes,
+                         requeues=requeues)  # fmt: skip
+
+    # a --no-kill job that lost n2 keeps rank 3's logs, and its next attempt has a rank 3
+    assert selection.absent_rank(tmp_path, running(["n1", "n3"])) == []
+    # a requeued run whose agents have not noted their ranks yet: the old run's don't count
+    assert LogSelection(rank=7).absent_rank(tmp_path, running(["n1", "n2"], 1)) == []
+    assert LogSelection(rank=7).absent_rank(tmp_path, running(["n1", "n2", "n3"], None)) == []
+    assert LogSelection(rank=7).absent_rank(tmp_path, running(["n1", "n2", "n3"])) == [
+        0, 1, 2, 3, 4, 5,
+    ]  # fmt: skip
+
+
+def test_a_followed_job_that_ended_without_the_log_asked_for_says_so(tmp_path: Path) -> None:
+    ended = JobStatus(JOB, state="COMPLETED", job_dir=str(tmp_path))  # nodes unknown
+    with pytest.raises(JobNotFound) as caught:
+        follow_logs(LogSelection(rank=9), ended, lambda: ended, lambda parts: None, print,
+                    sleep=lambda s: None)  # fmt: skip
+    assert str(caught.value) == "job 7 has no log of that rank or node yet"
 
 
 def test_compress_ranks() -> None:
