@@ -182,11 +182,15 @@ def worker(args: argparse.Namespace) -> None:
     rss_mib = reduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if rank == 0:
         results = {
-            "samples": samples, "state_bytes": size, "width": width, "dropped": dropped,
+            "samples": samples,
+            "state_bytes": size,
+            "width": width,
+            "dropped": dropped,
             "checkpoint_bytes": store.size_of(store.path_for(folder, step + 2, sharded=True)),
             "local_bytes": store.size_of(Path(os.environ[local.ENV_VAR])),
-            "cold_blocked": cold_blocked, "rss_mib": rss_mib,
-        }  # fmt: skip
+            "cold_blocked": cold_blocked,
+            "rss_mib": rss_mib,
+        }
         (out / "results.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
@@ -210,11 +214,29 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hpclaunch-bench-checkpoint-", dir=args.dir))
     shm = Path(tempfile.mkdtemp(prefix="hpclaunch-bench-checkpoint-", dir="/dev/shm"))
     path = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(shm), HPCLAUNCH_JOB_DIR=str(work),
-               OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, path)))  # fmt: skip
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", __file__, "--worker", "--out", str(work),
-               "--size-mib", str(args.size_mib), "--runs", str(args.runs)]  # fmt: skip
+    env = dict(
+        os.environ,
+        HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(shm),
+        HPCLAUNCH_JOB_DIR=str(work),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, path)),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        __file__,
+        "--worker",
+        "--out",
+        str(work),
+        "--size-mib",
+        str(args.size_mib),
+        "--runs",
+        str(args.runs),
+    ]
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -231,8 +253,10 @@ def main() -> int:
             proc.communicate(timeout=60)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
-    print(f"2 ranks (torchrun --standalone, gloo, CPU), {os.cpu_count()} CPUs; {args.dir} on "
-          f"{' '.join(mount)}; {args.runs} runs after 1 warm-up")  # fmt: skip
+    print(
+        f"2 ranks (torchrun --standalone, gloo, CPU), {os.cpu_count()} CPUs; {args.dir} on "
+        f"{' '.join(mount)}; {args.runs} runs after 1 warm-up"
+    )
     report(args, results, records, stderr.count(LOCAL_READ))
     print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     return 0
@@ -241,8 +265,10 @@ def main() -> int:
 def report(args: argparse.Namespace, results: dict, records: list[dict], local_reads: int) -> None:
     samples: dict[str, list[float]] = results["samples"]
     mb, width = results["checkpoint_bytes"] / 1e6, results["width"]
-    print(f"FSDP2 {LAYERS} x Linear({width}, {width}) + Adam: state "
-          f"{results['state_bytes'] / 2**30:.2f} GiB, checkpoint {mb:.0f} MB\n")  # fmt: skip
+    print(
+        f"FSDP2 {LAYERS} x Linear({width}, {width}) + Adam: state "
+        f"{results['state_bytes'] / 2**30:.2f} GiB, checkpoint {mb:.0f} MB\n"
+    )
     print("| measure | median (s) | min (s) | max (s) |\n|---|---:|---:|---:|")
     for key, values in samples.items():
         cells = [f"{v:.3f}" for v in (statistics.median(values), min(values), max(values))]

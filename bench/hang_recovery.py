@@ -120,16 +120,20 @@ def all_ranks(seen: dict[int, list[tuple[int, str, float]]], what: str) -> float
     after the first; None before."""
     firsts = []
     for rank in (0, 1):
-        times = [t for a, s, t in seen.get(rank, [])
-                 if a > 0 and (s == what or (what == "step" and s.isdigit()))]  # fmt: skip
+        times = [
+            t
+            for a, s, t in seen.get(rank, [])
+            if a > 0 and (s == what or (what == "step" and s.isdigit()))
+        ]
         if not times:
             return None
         firsts.append(min(times))
     return max(firsts)
 
 
-def stop_everything(launcher: subprocess.Popen[bytes], tracked: set[procs.Tracked],
-                    marker: str) -> list[str]:  # fmt: skip
+def stop_everything(
+    launcher: subprocess.Popen[bytes], tracked: set[procs.Tracked], marker: str
+) -> list[str]:
     """SIGKILL the launcher and every process the run started (see the module); what is
     still alive 10 s later, as ps lines."""
     for pid in procs.with_environ(f"{MARKER}={marker}".encode()):
@@ -149,14 +153,16 @@ def stop_everything(launcher: subprocess.Popen[bytes], tracked: set[procs.Tracke
     return [f"{p.pid} {procs.command_line(p.pid)}" for p in tracked if p.alive()]
 
 
-def one_run(name: str, argv: list[str], env: dict[str, str], out: Path, limit_s: float,
-            job: Path | None) -> Outcome:  # fmt: skip
+def one_run(
+    name: str, argv: list[str], env: dict[str, str], out: Path, limit_s: float, job: Path | None
+) -> Outcome:
     marker = f"{os.getpid()}-{out.name}"
     env = {**env, MARKER: marker, "TMPDIR": str(out / "tmp")}
     (out / "tmp").mkdir(parents=True)
     with open(out / "launcher.log", "wb") as log:
-        launcher = subprocess.Popen(argv, env=env, cwd=out, stdout=log, stderr=log,
-                                    start_new_session=True)  # fmt: skip
+        launcher = subprocess.Popen(
+            argv, env=env, cwd=out, stdout=log, stderr=log, start_new_session=True
+        )
     tracked = {procs.Tracked.of(launcher.pid)}
     start, note = time.monotonic(), ""
     recovered: float | None = None
@@ -182,8 +188,11 @@ def one_run(name: str, argv: list[str], env: dict[str, str], out: Path, limit_s:
                 break
             waited = time.time() - stopped_at if stopped_at else time.monotonic() - start
             if waited > (limit_s if stopped_at else 120):
-                note = f"never within the run's limit of {limit_s:g} s" if stopped_at else (
-                    "no stop within 120 s of the launch")  # fmt: skip
+                note = (
+                    f"never within the run's limit of {limit_s:g} s"
+                    if stopped_at
+                    else ("no stop within 120 s of the launch")
+                )
                 break
             time.sleep(0.05)
     finally:
@@ -204,9 +213,12 @@ def one_run(name: str, argv: list[str], env: dict[str, str], out: Path, limit_s:
     errors = [t for a, s, t in seen.get(0, []) if a == 0 and s == "error"]
     init = all_ranks(seen, "init")
     return Outcome(
-        recovered - stopped_at, found, errors[0] - stopped_at if errors else None,
-        init - stopped_at if init is not None else None, note,
-    )  # fmt: skip
+        recovered - stopped_at,
+        found,
+        errors[0] - stopped_at if errors else None,
+        init - stopped_at if init is not None else None,
+        note,
+    )
 
 
 def main() -> int:
@@ -214,17 +226,22 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hang-timeout", type=float, default=10.0)
     parser.add_argument(
-        "--gloo-timeout", type=float, default=30.0,
+        "--gloo-timeout",
+        type=float,
+        default=30.0,
         help="the collective timeout of the torchrun variant that sets one",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--limit", type=float, default=120.0,
+        "--limit",
+        type=float,
+        default=120.0,
         help="seconds after the stop before a run counts as not recovered",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--keep", action="store_true",
+        "--keep",
+        action="store_true",
         help="keep the run's folder (logs, hang reports) and print its path",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     bin_dir = Path(sys.executable).parent
     base = {
@@ -242,26 +259,58 @@ def main() -> int:
             job_id = random.randrange(10**6, 10**7)
             variants = {
                 f"hpclaunch agent --hang-timeout {args.hang_timeout:g}": (
-                    [str(bin_dir / "hpclaunch"), "agent", "--nproc-per-node", "2",
-                     "--max-restarts", "1", "--hang-timeout", f"{args.hang_timeout:g}",
-                     "--master-port", str(free_port()), "--job-dir", "JOB", str(script)],
-                    {**base, "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": "localhost",
-                     "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0"},
+                    [
+                        str(bin_dir / "hpclaunch"),
+                        "agent",
+                        "--nproc-per-node",
+                        "2",
+                        "--max-restarts",
+                        "1",
+                        "--hang-timeout",
+                        f"{args.hang_timeout:g}",
+                        "--master-port",
+                        str(free_port()),
+                        "--job-dir",
+                        "JOB",
+                        str(script),
+                    ],
+                    {
+                        **base,
+                        "SLURM_JOB_ID": str(job_id),
+                        "SLURM_JOB_NODELIST": "localhost",
+                        "SLURM_JOB_NUM_NODES": "1",
+                        "SLURM_NODEID": "0",
+                        "SLURM_STEP_ID": "0",
+                    },
                     0.0,
                 ),
                 "torchrun, default process-group timeout": (
-                    [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                     "--max-restarts", "1", str(script)],
+                    [
+                        str(bin_dir / "torchrun"),
+                        "--standalone",
+                        "--nproc-per-node",
+                        "2",
+                        "--max-restarts",
+                        "1",
+                        str(script),
+                    ],
                     {**base, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
                     0.0,
                 ),
                 f"torchrun, gloo timeout {args.gloo_timeout:g} s": (
-                    [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                     "--max-restarts", "1", str(script)],
+                    [
+                        str(bin_dir / "torchrun"),
+                        "--standalone",
+                        "--nproc-per-node",
+                        "2",
+                        "--max-restarts",
+                        "1",
+                        str(script),
+                    ],
                     {**base, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
                     args.gloo_timeout,
                 ),
-            }  # fmt: skip
+            }
             for index, (name, (argv, env, gloo_s)) in enumerate(variants.items()):
                 out = work / f"run{run}-{index}"
                 job = out / "job"
@@ -273,8 +322,9 @@ def main() -> int:
                 if index == 0:
                     for folder in Path("/dev/shm").glob(f"hpclaunch-{job_id}-*"):
                         print(f"left in node memory: {folder}", file=sys.stderr)
-        leftover = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True,
-                                  text=True, check=True).stdout  # fmt: skip
+        leftover = subprocess.run(
+            ["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True, check=True
+        ).stdout
         left = [line for line in leftover.splitlines() if str(work) in line]
     finally:
         if args.keep:
@@ -285,8 +335,9 @@ def main() -> int:
     return 1 if left else 0
 
 
-def report(args: argparse.Namespace, results: dict[str, list[Outcome]], load_before: float,
-           left: list[str]) -> None:  # fmt: skip
+def report(
+    args: argparse.Namespace, results: dict[str, list[Outcome]], load_before: float, left: list[str]
+) -> None:
     print(
         f"1 node x 2 ranks, gloo, CPU; rank 1 SIGSTOPs itself before step {STOP_AT} of the "
         f"first attempt; {args.runs} runs per launcher, in turn; limit {args.limit:g} s after "

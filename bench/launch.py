@@ -115,9 +115,12 @@ def one_run(
     out.mkdir()
     start = time.time()
     proc = subprocess.Popen(
-        [*command, str(out), mode], env=env, cwd=out,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [*command, str(out), mode],
+        env=env,
+        cwd=out,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     side = workers = 0.0
     try:
         if mode == "hold":
@@ -162,12 +165,25 @@ def main() -> int:
             "hpclaunch agent": [*agent, str(probe)],
             "hpclaunch agent --worker-start fresh": [*agent, "--worker-start", "fresh", str(probe)],
             "torchrun (c10d)": [
-                *srun, "env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "torchrun",
-                "--nnodes", str(args.nodes), "--nproc-per-node", nproc, "--max-restarts", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{first}:29400",
-                "--rdzv-id", "bench", str(probe),
+                *srun,
+                "env",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                "torchrun",
+                "--nnodes",
+                str(args.nodes),
+                "--nproc-per-node",
+                nproc,
+                "--max-restarts",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{first}:29400",
+                "--rdzv-id",
+                "bench",
+                str(probe),
             ],
-        }  # fmt: skip
+        }
         world = args.nodes * args.nproc_per_node
         samples: dict[tuple[str, str], list[float]] = {}
         try:

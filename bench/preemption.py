@@ -39,8 +39,9 @@ TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 
 
 def fields(job: int, env: dict[str, str]) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", str(job)], env=env, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["scontrol", "show", "job", str(job)], env=env, capture_output=True, text=True, check=True
+    ).stdout
     return parse_show_job(out)
 
 
@@ -56,10 +57,27 @@ def one_run(work: Path, env: dict[str, str]) -> tuple[float, float]:
     work.mkdir()
     shutil.copy(TRAIN, work / "train.py")
     submitted = subprocess.run(
-        ["hpclaunch", "sbatch", "--nodes", "2", "--nproc-per-node", "2", "--gpus-per-node", "0",
-         "train.py", "--steps", "20", "--step-time", "0.1"],
-        cwd=work, env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            "hpclaunch",
+            "sbatch",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "train.py",
+            "--steps",
+            "20",
+            "--step-time",
+            "0.1",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job = int(submitted.stdout)
     job_dir = work / "hpclaunch-logs" / str(job)
     wait(lambda: (job_dir / "checkpoints" / f"step-{4:012d}.pt").exists())
@@ -70,8 +88,11 @@ def one_run(work: Path, env: dict[str, str]) -> tuple[float, float]:
     wait(lambda: is_final(fields(job, env)["JobState"]))
     runs = json.loads((job_dir / "history.json").read_text())["runs"]
     log = (work / "hpclaunch-logs" / f"train-{job}.out").read_text()
-    firsts = [json.loads(line.split("FIRST_STEP ", 1)[1]) for line in log.splitlines()
-              if line.startswith("[rank0] FIRST_STEP ")]  # fmt: skip
+    firsts = [
+        json.loads(line.split("FIRST_STEP ", 1)[1])
+        for line in log.splitlines()
+        if line.startswith("[rank0] FIRST_STEP ")
+    ]
     if len(runs) != 2 or len(firsts) != 2:
         raise RuntimeError(f"job {job}: expected two runs, got {runs} and {firsts}")
     return requeued - warned, float(firsts[1]["time"]) - float(runs[1]["started"])
@@ -97,13 +118,18 @@ def main() -> int:
             left = box.down()
             if left:
                 print(f"sandbox down left {left}", file=sys.stderr)
-    print(f"2 nodes x 2 workers, gloo, {lay.mode.value} sandbox, {args.runs} runs; "
-          f"{os.cpu_count()} CPUs\n")  # fmt: skip
+    print(
+        f"2 nodes x 2 workers, gloo, {lay.mode.value} sandbox, {args.runs} runs; "
+        f"{os.cpu_count()} CPUs\n"
+    )
     print("| interval | median (s) | min (s) | max (s) |\n|---|---:|---:|---:|")
-    for name, values in (("warning → requeued", [s[0] for s in samples]),
-                         ("start → first step", [s[1] for s in samples])):  # fmt: skip
-        print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | "
-              f"{max(values):.2f} |")  # fmt: skip
+    for name, values in (
+        ("warning → requeued", [s[0] for s in samples]),
+        ("start → first step", [s[1] for s in samples]),
+    ):
+        print(
+            f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |"
+        )
     return 0
 
 

@@ -138,9 +138,12 @@ def child(kind: str, cycles: int, block: int, progress_file: str) -> dict[str, o
         reports.append(_timed(report_loop, calls))
         beat_metrics.append(_timed(beat_metric_loop, calls))
     out: dict[str, object] = {
-        "times": times, "beat": statistics.median(beats), "noop": statistics.median(noops),
-        "report": statistics.median(reports), "beat_metric": statistics.median(beat_metrics),
-    }  # fmt: skip
+        "times": times,
+        "beat": statistics.median(beats),
+        "noop": statistics.median(noops),
+        "report": statistics.median(reports),
+        "beat_metric": statistics.median(beat_metrics),
+    }
     if kind == "hooked":
         counted += 10 * calls
         metrics = progress.read_metrics(progress_file)
@@ -156,10 +159,23 @@ def child(kind: str, cycles: int, block: int, progress_file: str) -> dict[str, o
 def run_child(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCLAUNCH_")}
     done = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--cycles", str(args.cycles),
-         "--block", str(args.block), "--progress-file", str(folder / f"{kind}.progress")],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--cycles",
+            str(args.cycles),
+            "--block",
+            str(args.block),
+            "--progress-file",
+            str(folder / f"{kind}.progress"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{kind} child exited {done.returncode}: {done.stderr[-2000:]}")
     result: dict[str, object] = json.loads(done.stdout)
@@ -192,8 +208,9 @@ def main() -> int:
     return 0
 
 
-def report(args: argparse.Namespace, results: dict[str, list[dict[str, object]]],
-           load_line: str) -> None:  # fmt: skip
+def report(
+    args: argparse.Namespace, results: dict[str, list[dict[str, object]]], load_line: str
+) -> None:
     def blocks(kind: str, name: str, half: str) -> list[float]:
         """Every block time of ``kind``'s processes, pooled."""
         return [t for r in results[kind] for t in r["times"][name][half]]  # type: ignore[index]
@@ -224,8 +241,10 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, object]]]
 
     verdicts = []
     for name, label in (("step", "opt.step()"), ("train", "training step")):
-        row(f"{label}, plain torch (anchor)", blocks("plain", name, "A") +
-            blocks("plain", name, "B"))  # fmt: skip
+        row(
+            f"{label}, plain torch (anchor)",
+            blocks("plain", name, "A") + blocks("plain", name, "B"),
+        )
         row(f"{label}, hook detached", blocks("hooked", name, "B"))
         row(f"{label}, hook attached", blocks("hooked", name, "A"))
         cost = diffs("hooked", name)
@@ -233,17 +252,21 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, object]]]
         row(f"{label}: a hook doing nothing (N - detached)", diffs("hooked", name, "N"))
         row(f"{label}: A - B in plain torch (noise floor)", diffs("plain", name))
         median = statistics.median(cost)
-        verdicts.append(f"{label}: the hook costs {median:.2f} µs per step, median of "
-                        f"{len(cost)} cycles ({'meets' if median < TARGET_US else 'misses'} "
-                        f"the target of < {TARGET_US:g} µs)")  # fmt: skip
+        verdicts.append(
+            f"{label}: the hook costs {median:.2f} µs per step, median of "
+            f"{len(cost)} cycles ({'meets' if median < TARGET_US else 'misses'} "
+            f"the target of < {TARGET_US:g} µs)"
+        )
     beat, noop = scalar("hooked", "beat"), scalar("hooked", "noop")
     row("beat(), progress file open", beat)
     row(
         "beat(), progress file open, less an empty call",
         [b - n for b, n in zip(beat, noop, strict=True)],
     )
-    row("report(loss=x), progress file open (metrics written at most 1/s)",
-        scalar("hooked", "report"))  # fmt: skip
+    row(
+        "report(loss=x), progress file open (metrics written at most 1/s)",
+        scalar("hooked", "report"),
+    )
     row("beat(loss=x), progress file open", scalar("hooked", "beat_metric"))
     row("beat(), outside a job (no progress file)", scalar("plain", "beat"))
     row("report(loss=x), outside a job", scalar("plain", "report"))
@@ -252,8 +275,10 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, object]]]
     for line in verdicts:
         print(line)
     counted = scalar("hooked", "counted")
-    print(f"each hooked process's progress file counted every attached step and beat "
-          f"({min(counted):.0f} to {max(counted):.0f})")  # fmt: skip
+    print(
+        f"each hooked process's progress file counted every attached step and beat "
+        f"({min(counted):.0f} to {max(counted):.0f})"
+    )
     print(load_line)
 
 

@@ -115,9 +115,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument(
-        "--last-join-delay", type=float, default=LAST_JOIN_DELAY_S,
+        "--last-join-delay",
+        type=float,
+        default=LAST_JOIN_DELAY_S,
         help="seconds between the others' join and the last one's",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     etcd = Sidecar.start(None, "hpclaunch-bench", "127.0.0.1", [free_port()])

@@ -48,9 +48,16 @@ def job_folder(folder: Path, job_id: int, t0: float) -> None:
     for requeue in range(3):
         start = t0 + requeue * 400
         ended = start + 300
-        runs.append({"requeue_count": requeue, "nodes": "n[1-2]", "started": start,
-                     "ended": ended, "reason": "completed" if requeue == 2 else "bad nodes",
-                     "action": "none" if requeue == 2 else "requeue"})  # fmt: skip
+        runs.append(
+            {
+                "requeue_count": requeue,
+                "nodes": "n[1-2]",
+                "started": start,
+                "ended": ended,
+                "reason": "completed" if requeue == 2 else "bad nodes",
+                "action": "none" if requeue == 2 else "requeue",
+            }
+        )
         for node in ("n1", "n2"):
             for attempt in range(2):
                 at = start + 10 + attempt * 140
@@ -62,11 +69,14 @@ def job_folder(folder: Path, job_id: int, t0: float) -> None:
                     attempts.append(job, requeue, event)
             ranks = (hangs.RankProgress(0, 500, 4.0, 0.3, 5.0),)
             hangs.write_progress(job, requeue, hangs.NodeProgress(node, 1, ended, ranks))
-    (folder / "history.json").write_text(json.dumps({"job_id": job_id, "max_requeues": 3,
-                                                     "runs": runs}))  # fmt: skip
+    (folder / "history.json").write_text(
+        json.dumps({"job_id": job_id, "max_requeues": 3, "runs": runs})
+    )
     for index in range(20):
-        saves.append(job.saves, saves.SaveRecord(index * 25, False, False, 0.4, 0.6, 10**6, 4,
-                                                 t0 + 30 + index * 55))  # fmt: skip
+        saves.append(
+            job.saves,
+            saves.SaveRecord(index * 25, False, False, 0.4, 0.6, 10**6, 4, t0 + 30 + index * 55),
+        )
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
@@ -105,8 +115,12 @@ def main() -> None:
         anchor, status, split = [], [], []
         for _ in range(args.rounds):
             anchor.append(timed(["scontrol", "show", "job", str(job_id)], env))
-            status.append(timed([str(VENV_BIN / "hpclaunch"), "status", "--job-dir",
-                                 str(folder), str(job_id)], env))  # fmt: skip
+            status.append(
+                timed(
+                    [str(VENV_BIN / "hpclaunch"), "status", "--job-dir", str(folder), str(job_id)],
+                    env,
+                )
+            )
             start = time.perf_counter()
             goodput.of_folder(folder, job_id, None, time.time(), final=False)
             split.append(time.perf_counter() - start)
@@ -114,8 +128,11 @@ def main() -> None:
     finally:
         left = box.down()
     print(f"{args.rounds} rounds, median (min-max), job folder with 3 runs x 2 nodes x 2 attempts")
-    for name, values in (("scontrol show job (anchor)", anchor),
-                         ("hpclaunch status", status), ("goodput.of_folder", split)):  # fmt: skip
+    for name, values in (
+        ("scontrol show job (anchor)", anchor),
+        ("hpclaunch status", status),
+        ("goodput.of_folder", split),
+    ):
         low, mid, high = min(values), statistics.median(values), max(values)
         print(f"  {name:<28} {mid * 1000:8.1f} ms ({low * 1000:.1f}-{high * 1000:.1f})")
     if left:

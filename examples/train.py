@@ -149,8 +149,12 @@ def main() -> None:
             dist.destroy_process_group()
             return
     if rank == 0:
-        result = {"steps": args.steps, "digest": digest(model), "started_at": start,
-                  "world_size": world}  # fmt: skip
+        result = {
+            "steps": args.steps,
+            "digest": digest(model),
+            "started_at": start,
+            "world_size": world,
+        }
         say("RESULT", **result)
         if args.result:
             with open(args.result, "w") as handle:

@@ -56,16 +56,25 @@ def main() -> None:
         time.sleep(args.step_time)
         stopping = stop.should_stop()  # hpclaunch: every rank, every step, the same answer
         if stopping or (step + 1) % args.checkpoint_every == 0:
-            state = {"model": accelerator.unwrap_model(model).state_dict(),
-                     "optimizer": optimizer.state_dict()}  # fmt: skip
+            state = {
+                "model": accelerator.unwrap_model(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+            }
             checkpoint.save(state, step)  # hpclaunch: committed atomically, rank 0 writes
         if stopping:
             break  # the job is requeued; the next run resumes after this step
     else:
         if accelerator.is_main_process:
             weight = accelerator.unwrap_model(model).weight.detach().double().numpy()
-            print("RESULT " + json.dumps({"digest": hashlib.sha256(weight.tobytes()).hexdigest(),
-                                          "world_size": accelerator.num_processes}))  # fmt: skip
+            print(
+                "RESULT "
+                + json.dumps(
+                    {
+                        "digest": hashlib.sha256(weight.tobytes()).hexdigest(),
+                        "world_size": accelerator.num_processes,
+                    }
+                )
+            )
     accelerator.wait_for_everyone()
     sys.stdout.flush()
     os._exit(0)  # gloo's teardown at interpreter exit can abort; everything is written

@@ -94,10 +94,12 @@ def main() -> None:
 
     torch.manual_seed(0)  # the same full parameters on every rank, before sharding
     model = torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(),
-        torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh(),
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
         torch.nn.Linear(HIDDEN, 1),
-    )  # fmt: skip
+    )
     mesh = init_device_mesh("cpu", (world,))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
@@ -111,8 +113,9 @@ def main() -> None:
     resumed = checkpoint.load_latest(into=state)
     start = 0
     if resumed is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])  # fmt: skip
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
         start = resumed.step + 1
     if rank == 0:
         env = os.environ
@@ -141,8 +144,9 @@ def main() -> None:
         stopping = stop.should_stop()
         if stopping or (step + 1) % args.checkpoint_every == 0:
             model_state, optim_state = get_state_dict(model, optimizer)
-            checkpoint.save({"model": model_state, "optimizer": optim_state}, step,
-                            asynchronous=not stopping)  # fmt: skip
+            checkpoint.save(
+                {"model": model_state, "optimizer": optim_state}, step, asynchronous=not stopping
+            )
             if step == args.kill_in_save and rank == 1 and first_attempt:
                 sys.stderr.write(f"rank {rank}: SIGKILL in the asynchronous save of step {step}\n")
                 sys.stderr.flush()
@@ -157,8 +161,7 @@ def main() -> None:
     checkpoint.wait()  # the last asynchronous save is committed (or raises) before the end
     summary = digest(model)
     if rank == 0:
-        result = {"steps": args.steps, "digest": summary, "started_at": start,
-                  "world_size": world}  # fmt: skip
+        result = {"steps": args.steps, "digest": summary, "started_at": start, "world_size": world}
         say("RESULT", **result)
         if args.result:
             with open(args.result, "w") as handle:

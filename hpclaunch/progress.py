@@ -88,9 +88,23 @@ class _Board:
     """This worker's progress file, mapped: each report is one write into memory (kept
     lean: it runs at every optimizer step)."""
 
-    __slots__ = ("_map", "base", "count", "explicit", "first", "flags", "last", "metrics",
-                 "metrics_path", "metrics_written", "pending", "pid", "slowest", "step",
-                 "total")  # fmt: skip
+    __slots__ = (
+        "_map",
+        "base",
+        "count",
+        "explicit",
+        "first",
+        "flags",
+        "last",
+        "metrics",
+        "metrics_path",
+        "metrics_written",
+        "pending",
+        "pid",
+        "slowest",
+        "step",
+        "total",
+    )
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -114,8 +128,19 @@ class _Board:
         self.write()
 
     def write(self) -> None:
-        _PACK(self._map, 0, _MAGIC, self.flags, self.count, self.step, self.first, self.last,
-              self.slowest, self.pid, self.total)  # fmt: skip
+        _PACK(
+            self._map,
+            0,
+            _MAGIC,
+            self.flags,
+            self.count,
+            self.step,
+            self.first,
+            self.last,
+            self.slowest,
+            self.pid,
+            self.total,
+        )
 
     def report(self, total: int | None, metrics: Mapping[str, object]) -> None:
         """The run's length and the script's latest metrics (see ``report``): the length
@@ -151,8 +176,19 @@ class _Board:
         self.last = now
         # Steps done: counted, or the script's index of the step just done, plus one.
         self.step = self.base + count if step is None else step + 1
-        _PACK(self._map, 0, _MAGIC, self.flags, count, self.step, self.first, now,
-              self.slowest, self.pid, self.total)  # fmt: skip
+        _PACK(
+            self._map,
+            0,
+            _MAGIC,
+            self.flags,
+            count,
+            self.step,
+            self.first,
+            now,
+            self.slowest,
+            self.pid,
+            self.total,
+        )
         if self.pending and now - self.metrics_written >= METRICS_EVERY_S:
             self.write_metrics(now)  # the last report's, held back by the rate
 
@@ -180,8 +216,10 @@ def _number(key: str, value: object) -> float:
     try:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise TypeError(f"hpclaunch.progress: metric {key}={value!r} is not a number; pass "
-                        "a float (for a tensor, its .item())") from None  # fmt: skip
+        raise TypeError(
+            f"hpclaunch.progress: metric {key}={value!r} is not a number; pass "
+            "a float (for a tensor, its .item())"
+        ) from None
 
 
 _board: _Board | None = None
@@ -383,9 +421,18 @@ def read(path: str) -> Progress | None:
     magic, flags, count, step, first, last, slowest, pid, total = _LAYOUT.unpack(data)
     if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
         return None
-    return Progress(count, step, first, last, slowest, bool(flags & STACKS_ON_SIGNAL),
-                    bool(flags & PAUSED), pid, total if total >= 0 else None,
-                    bool(flags & JOB_STEPS))  # fmt: skip
+    return Progress(
+        count,
+        step,
+        first,
+        last,
+        slowest,
+        bool(flags & STACKS_ON_SIGNAL),
+        bool(flags & PAUSED),
+        pid,
+        total if total >= 0 else None,
+        bool(flags & JOB_STEPS),
+    )
 
 
 def read_metrics(progress_file: str) -> dict[str, float]:

@@ -65,10 +65,14 @@ def _user() -> str | None:
 def slurm_job(env: Mapping[str, str]) -> Owner:
     """This SLURM job, from its batch step's environment."""
     return Owner(
-        Kind.SLURM, env["SLURM_JOB_ID"], env.get("SLURM_JOB_NAME"),
-        env.get("SLURM_JOB_USER") or _user(), env.get("SLURM_SUBMIT_HOST"), time.time(),
+        Kind.SLURM,
+        env["SLURM_JOB_ID"],
+        env.get("SLURM_JOB_NAME"),
+        env.get("SLURM_JOB_USER") or _user(),
+        env.get("SLURM_SUBMIT_HOST"),
+        time.time(),
         cluster=env.get("SLURM_CLUSTER_NAME") or None,
-    )  # fmt: skip
+    )
 
 
 def local_job(job_id: str, name: str | None = None) -> Owner:
@@ -80,9 +84,13 @@ def local_job(job_id: str, name: str | None = None) -> Owner:
 
 
 def holder(
-    owner: Owner, slurm: Slurm | None, *, cluster: str | None = None,
-    completing_wait_s: float = COMPLETING_WAIT_S, poll_s: float = 1.0,
-) -> Holder:  # fmt: skip
+    owner: Owner,
+    slurm: Slurm | None,
+    *,
+    cluster: str | None = None,
+    completing_wait_s: float = COMPLETING_WAIT_S,
+    poll_s: float = 1.0,
+) -> Holder:
     """Whether the job ``owner`` names is still active; ``cluster`` is the cluster
     this runs on, when known. A SLURM job that is COMPLETING (its processes being
     ended, its epilog running) is asked about again until it has ended, for
@@ -93,9 +101,13 @@ def holder(
     if slurm is None:
         return Holder(owner, Liveness.UNKNOWN, "SLURM cannot be asked from here")
     if owner.cluster and cluster and owner.cluster != cluster:
-        return Holder(owner, Liveness.UNKNOWN, f"it ran on cluster {owner.cluster}, and "
-                      f"hpclaunch asks only this cluster's ({cluster}) SLURM; if it is over, "
-                      f"remove the {marker.MARKERS} marker from the folder")  # fmt: skip
+        return Holder(
+            owner,
+            Liveness.UNKNOWN,
+            f"it ran on cluster {owner.cluster}, and "
+            f"hpclaunch asks only this cluster's ({cluster}) SLURM; if it is over, "
+            f"remove the {marker.MARKERS} marker from the folder",
+        )
     answer = slurm.lookup(owner.job_id)
     deadline = time.monotonic() + completing_wait_s
     while _completing(answer) and time.monotonic() < deadline:
@@ -136,10 +148,14 @@ def _forgotten(owner: Owner) -> Holder:
     and SLURM hides other users' jobs (PrivateData=jobs)."""
     me = _user()
     if owner.user and me and owner.user != me:
-        return Holder(owner, Liveness.UNKNOWN, f"SLURM shows no record of it, and it is user "
-                      f"{owner.user}'s, whose jobs SLURM may not show to {me}, so hpclaunch "
-                      f"cannot see them; if it is over, remove the {marker.MARKERS} marker from "
-                      "the folder")  # fmt: skip
+        return Holder(
+            owner,
+            Liveness.UNKNOWN,
+            f"SLURM shows no record of it, and it is user "
+            f"{owner.user}'s, whose jobs SLURM may not show to {me}, so hpclaunch "
+            f"cannot see them; if it is over, remove the {marker.MARKERS} marker from "
+            "the folder",
+        )
     return Holder(owner, Liveness.ENDED, "SLURM no longer knows it")
 
 
@@ -149,9 +165,13 @@ def _completing(answer: JobLookup) -> bool:
 
 def _local_holder(owner: Owner) -> Holder:
     if owner.host != socket.gethostname() or not owner.job_id.isdigit():
-        return Holder(owner, Liveness.UNKNOWN, f"it runs on {owner.host}, whose processes this "
-                      f"machine cannot see; if it is over, remove the {marker.MARKERS} "
-                      "marker from the folder")  # fmt: skip
+        return Holder(
+            owner,
+            Liveness.UNKNOWN,
+            f"it runs on {owner.host}, whose processes this "
+            f"machine cannot see; if it is over, remove the {marker.MARKERS} "
+            "marker from the folder",
+        )
     pid = int(owner.job_id)
     if _process_alive(pid, owner.pid_start):
         return Holder(owner, Liveness.ACTIVE, f"running (process {pid})")
@@ -170,17 +190,32 @@ def _latest(folder: Path) -> int | None:
 
 
 def check_submit(
-    folder: Path, *, adopt: bool, dependency: str | None, name: str | None,
-    slurm: Slurm | None, spell: Spelling = ANYWHERE,
-) -> Decision:  # fmt: skip
+    folder: Path,
+    *,
+    adopt: bool,
+    dependency: str | None,
+    name: str | None,
+    slurm: Slurm | None,
+    spell: Spelling = ANYWHERE,
+) -> Decision:
     """Whether a job about to be submitted may use ``folder`` (see sharing.decide).
     Writes nothing. Raises FolderTaken, MarkerError."""
     owner, _ = marker.read(folder)
     held = holder(owner, slurm) if owner is not None else None
-    decision = decide(Situation(
-        str(folder), Stage.SUBMIT, owner, held, _latest(folder), adopt,
-        dependency=dependency, name=name, user=_user(), spell=spell,
-    ))  # fmt: skip
+    decision = decide(
+        Situation(
+            str(folder),
+            Stage.SUBMIT,
+            owner,
+            held,
+            _latest(folder),
+            adopt,
+            dependency=dependency,
+            name=name,
+            user=_user(),
+            spell=spell,
+        )
+    )
     if not decision.allowed:
         raise FolderTaken(decision, held)
     return decision
@@ -201,8 +236,9 @@ def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) ->
             if owner is None or owner.same_job(me)
             else holder(owner, slurm, cluster=me.cluster)
         )
-        decision = decide(Situation(str(folder), Stage.START, owner, held, _latest(folder),
-                                    adopt, me=me))  # fmt: skip
+        decision = decide(
+            Situation(str(folder), Stage.START, owner, held, _latest(folder), adopt, me=me)
+        )
         if not decision.allowed:
             raise FolderTaken(decision, held)
         if decision.verdict is Verdict.OWN:
@@ -210,9 +246,14 @@ def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) ->
         folder.mkdir(parents=True, exist_ok=True)
         if marker.take(folder, seen, me):
             return decision
-    raise FolderTaken(Decision(Verdict.IN_USE, f"checkpoint folder {folder} was taken by "
-                               f"other jobs starting at the same moment, {_TRIES} times; give "
-                               "this job another --checkpoint-dir"))  # fmt: skip
+    raise FolderTaken(
+        Decision(
+            Verdict.IN_USE,
+            f"checkpoint folder {folder} was taken by "
+            f"other jobs starting at the same moment, {_TRIES} times; give "
+            "this job another --checkpoint-dir",
+        )
+    )
 
 
 def take(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) -> str | None:

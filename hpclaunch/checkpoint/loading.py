@@ -118,8 +118,13 @@ def _refuse_none_left(root: Path, failed: list[tuple[Checkpoint, str]]) -> None:
         )
 
 
-def _load(chosen: Checkpoint, into: Mapping[str, Any] | None, map_location: Any,
-          weights_only: bool, ranks: Ranks) -> Any:  # fmt: skip
+def _load(
+    chosen: Checkpoint,
+    into: Mapping[str, Any] | None,
+    map_location: Any,
+    weights_only: bool,
+    ranks: Ranks,
+) -> Any:
     import torch
 
     if not chosen.sharded:
@@ -220,8 +225,10 @@ def _set_aside(failed: list[tuple[Checkpoint, str]], loaded: Checkpoint, ranks: 
         except OSError as exc:
             _say(f"{damaged.path} failed to load ({why}) and could not be renamed: {exc}")
             continue
-        _say(f"{damaged.path} failed to load ({why}): set aside as {target.name}; "
-             f"resumed from {loaded.path.name}")  # fmt: skip
+        _say(
+            f"{damaged.path} failed to load ({why}): set aside as {target.name}; "
+            f"resumed from {loaded.path.name}"
+        )
 
 
 def _say(message: str) -> None:

@@ -65,8 +65,12 @@ def keep(state: dict[str, Any], folder: Path, step: int, keep_last: int) -> None
         store.remove(final)
         log.warning(
             "step %d is committed, but its node-local copy in %s failed (%s: %s); a restart "
-            "reads the shared one", step, folder, type(exc).__name__, exc,
-        )  # fmt: skip
+            "reads the shared one",
+            step,
+            folder,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def available(step: int, ranks: Ranks) -> bool:

@@ -97,12 +97,18 @@ class _Save:
         if not fresh:
             return
         total = time.monotonic() - self.started
-        _note(saves.SaveRecord(
-            step=self.step, sharded=Checkpoint(self.step, self.final).sharded,
-            asynchronous=self.asynchronous, ranks=self.ranks.world, ended=time.time(),
-            blocked_s=round(self.blocked if self.asynchronous else total, 4),
-            total_s=round(total, 4), bytes=store.size_of(self.final),
-        ))  # fmt: skip
+        _note(
+            saves.SaveRecord(
+                step=self.step,
+                sharded=Checkpoint(self.step, self.final).sharded,
+                asynchronous=self.asynchronous,
+                ranks=self.ranks.world,
+                ended=time.time(),
+                blocked_s=round(self.blocked if self.asynchronous else total, 4),
+                total_s=round(total, 4),
+                bytes=store.size_of(self.final),
+            )
+        )
 
 
 class _Saver:

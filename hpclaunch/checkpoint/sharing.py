@@ -39,13 +39,18 @@ class Spelling(NamedTuple):
     wait: str  # a dependency on job {job}
 
 
-CLI = Spelling("--adopt-checkpoints", "--checkpoint-dir",
-               "--sbatch-option dependency=afterany:{job}")  # fmt: skip
-EXECUTOR = Spelling("adopt_checkpoints=True", "checkpoint_dir",
-                    'sbatch_options={{"dependency": "afterany:{job}"}}')  # fmt: skip
+CLI = Spelling(
+    "--adopt-checkpoints", "--checkpoint-dir", "--sbatch-option dependency=afterany:{job}"
+)
+EXECUTOR = Spelling(
+    "adopt_checkpoints=True", "checkpoint_dir", 'sbatch_options={{"dependency": "afterany:{job}"}}'
+)
 # In the job's log, which either may have submitted.
-ANYWHERE = Spelling("--adopt-checkpoints (hpclaunch.Executor: adopt_checkpoints=True)",
-                    "--checkpoint-dir", "dependency=afterany:{job}")  # fmt: skip
+ANYWHERE = Spelling(
+    "--adopt-checkpoints (hpclaunch.Executor: adopt_checkpoints=True)",
+    "--checkpoint-dir",
+    "dependency=afterany:{job}",
+)
 # Dependency types after which the holder has ended ("after" is after it *started*).
 _ENDED_AFTER = ("afterany", "afterok", "afternotok")
 
@@ -145,9 +150,12 @@ def decide(s: Situation) -> Decision:
     if holder is not None and holder.liveness is not Liveness.ENDED:
         if s.stage is Stage.SUBMIT and waits_for(s.dependency, holder.owner, s.name, s.user):
             if s.adopt:
-                return Decision(Verdict.QUEUED, f"checkpoint folder {s.folder}: this job "
-                                f"waits for {holder.owner.describe()} and continues from its "
-                                "checkpoints")  # fmt: skip
+                return Decision(
+                    Verdict.QUEUED,
+                    f"checkpoint folder {s.folder}: this job "
+                    f"waits for {holder.owner.describe()} and continues from its "
+                    "checkpoints",
+                )
             return Decision(Verdict.QUEUED_UNASKED, _queued_unasked(s, holder))
         if holder.liveness is Liveness.UNKNOWN:
             return Decision(Verdict.UNKNOWN, _unknown(s, holder))
@@ -157,13 +165,24 @@ def decide(s: Situation) -> Decision:
     if s.latest_step is None:
         return Decision(Verdict.FREE, f"checkpoint folder {s.folder} holds no checkpoint")
     if s.adopt:
-        return Decision(Verdict.ADOPT, f"checkpoint folder {s.folder}: continuing, as asked, "
-                        f"from step {s.latest_step}, left by {_leaver(marker)}")  # fmt: skip
+        return Decision(
+            Verdict.ADOPT,
+            f"checkpoint folder {s.folder}: continuing, as asked, "
+            f"from step {s.latest_step}, left by {_leaver(marker)}",
+        )
     if holder is None:
-        return Decision(Verdict.UNMARKED, _left(s, "that no hpclaunch job marked as its own "
-                        "(an older hpclaunch wrote them, or they were copied in)"))  # fmt: skip
-    return Decision(Verdict.LEFT, _left(s, f"left by {holder.owner.describe()}, which has "
-                    f"ended ({holder.detail})"))  # fmt: skip
+        return Decision(
+            Verdict.UNMARKED,
+            _left(
+                s,
+                "that no hpclaunch job marked as its own "
+                "(an older hpclaunch wrote them, or they were copied in)",
+            ),
+        )
+    return Decision(
+        Verdict.LEFT,
+        _left(s, f"left by {holder.owner.describe()}, which has ended ({holder.detail})"),
+    )
 
 
 def _leaver(marker: Owner | None) -> str:
@@ -182,8 +201,9 @@ def _in_use(s: Situation, holder: Holder) -> str:
     queue = (
         f", or make it wait for that job ({s.spell.wait.format(job=job.job_id)}) with "
         f"{s.spell.adopt}"
-        if s.stage is Stage.SUBMIT else ""
-    )  # fmt: skip
+        if s.stage is Stage.SUBMIT
+        else ""
+    )
     return (
         f"checkpoint folder {s.folder} is in use by {job.describe()}, which is "
         f"{holder.detail}: two jobs in one folder would train on each other's checkpoints. "

@@ -35,9 +35,13 @@ if TYPE_CHECKING:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def agent(
-    obj: CliContext, /, script: str, args: tuple[str, ...], dry_run: bool,
+    obj: CliContext,
+    /,
+    script: str,
+    args: tuple[str, ...],
+    dry_run: bool,
     values: Mapping[str, Any],
-) -> None:  # fmt: skip
+) -> None:
     """Start this node's workers of SCRIPT [ARGS]... through torch's elastic agent.
 
     Runs inside an allocation, once per node: srun --ntasks-per-node=1 hpclaunch agent ...
@@ -94,19 +98,27 @@ def _dry_run(
     launcher, launcher_args = options.launched_as(opts, os.getpid(), shutil.which("setpriv"))
     return {
         "context": {
-            "job_id": ctx.job_id, "node_rank": ctx.node_rank, "nnodes": ctx.nnodes,
-            "hosts": list(ctx.hosts), "hostname": ctx.hostname,
-            "restart_count": ctx.restart_count, "nproc_per_node": ctx.nproc_per_node,
-            "nproc_source": ctx.nproc_source, "master_addr": master,
-            "master_port": ctx.master_port, "topology_addr": ctx.topology_addr,
+            "job_id": ctx.job_id,
+            "node_rank": ctx.node_rank,
+            "nnodes": ctx.nnodes,
+            "hosts": list(ctx.hosts),
+            "hostname": ctx.hostname,
+            "restart_count": ctx.restart_count,
+            "nproc_per_node": ctx.nproc_per_node,
+            "nproc_source": ctx.nproc_source,
+            "master_addr": master,
+            "master_port": ctx.master_port,
+            "topology_addr": ctx.topology_addr,
             "step_id": ctx.step_id,
         },
         "launch": plan.launch_config_kwargs(),
-        "rank_logs": str(JobFolder(node_agent.job_folder(ctx, opts, obj.env)).attempt(
-            ctx.restart_count, ctx.step_id, 0
-        ).path),
+        "rank_logs": str(
+            JobFolder(node_agent.job_folder(ctx, opts, obj.env))
+            .attempt(ctx.restart_count, ctx.step_id, 0)
+            .path
+        ),
         "worker_command": list(options.worker_command(opts)),
         "launched_as": [launcher, *launcher_args],
         "worker_start": "warm" if options.starts_warm(opts) else "fresh",
         "worker_env": options.worker_env(ctx, opts.rdzv),
-    }  # fmt: skip
+    }

@@ -25,9 +25,16 @@ def config() -> None:
 
 
 def _show(
-    obj: CliContext, /, script: str | None, args: tuple[str, ...], profile: str | None,
-    module: bool, no_python: bool, as_json: bool, **flags: Any,
-) -> None:  # fmt: skip
+    obj: CliContext,
+    /,
+    script: str | None,
+    args: tuple[str, ...],
+    profile: str | None,
+    module: bool,
+    no_python: bool,
+    as_json: bool,
+    **flags: Any,
+) -> None:
     from hpclaunch.cli.sbatch import resolve_job
     from hpclaunch.job.profiles import profile_files
     from hpclaunch.ops import settings
@@ -41,12 +48,19 @@ def _show(
     found = resolved.profile
     searched = [str(path) for path in profile_files(obj.cwd, obj.env)]
     if as_json:
-        click.echo(json.dumps({
-            "profile": None if found is None else {"name": found.name, "path": str(found.path)},
-            "searched": searched,
-            "settings": settings.as_json(rows),
-            "warnings": settings.warnings(rows, obj.env),
-        }, indent=2))  # fmt: skip
+        click.echo(
+            json.dumps(
+                {
+                    "profile": None
+                    if found is None
+                    else {"name": found.name, "path": str(found.path)},
+                    "searched": searched,
+                    "settings": settings.as_json(rows),
+                    "warnings": settings.warnings(rows, obj.env),
+                },
+                indent=2,
+            )
+        )
         return
     if found is None:
         click.echo(f"profile: none (searched {' and '.join(searched)})")
@@ -81,8 +95,13 @@ config.add_command(show)
 
 @click.command()
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path), required=False)
-@click.option("--profile", "name", default="default", show_default=True,
-              help="The name of the profile table the file holds.")  # fmt: skip
+@click.option(
+    "--profile",
+    "name",
+    default="default",
+    show_default=True,
+    help="The name of the profile table the file holds.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 @click.pass_obj
 def init(obj: CliContext, /, path: Path | None, name: str, force: bool) -> None:
@@ -93,8 +112,12 @@ def init(obj: CliContext, /, path: Path | None, name: str, force: bool) -> None:
 
     target = obj.cwd / (path if path is not None else PROJECT_FILE)
     if not name.replace("_", "").replace("-", "").isalnum():
-        fail(ConfigError(f"profile name {name!r} (from --profile) is not a bare TOML key; "
-                         "use letters, digits, '-' and '_'"))  # fmt: skip
+        fail(
+            ConfigError(
+                f"profile name {name!r} (from --profile) is not a bare TOML key; "
+                "use letters, digits, '-' and '_'"
+            )
+        )
     if target.exists() and not force:
         fail(ConfigError(f"{target} exists; give --force to replace it, or another PATH"))
     try:
@@ -102,5 +125,7 @@ def init(obj: CliContext, /, path: Path | None, name: str, force: bool) -> None:
         target.write_text(profile_file.text(name))
     except OSError as exc:
         fail(ConfigError(f"cannot write {target}: {exc.strerror}"))
-    click.echo(f"wrote {target} (profile {name!r}); check it with `hpclaunch config show"
-               f"{'' if name == 'default' else ' --profile ' + name}`")  # fmt: skip
+    click.echo(
+        f"wrote {target} (profile {name!r}); check it with `hpclaunch config show"
+        f"{'' if name == 'default' else ' --profile ' + name}`"
+    )

@@ -28,9 +28,11 @@ class CliContext:
     command layer is loaded when a command first uses it (``sbatch --dry-run`` never)."""
 
     def __init__(
-        self, slurm: Slurm | None = None, cwd: Path | None = None,
+        self,
+        slurm: Slurm | None = None,
+        cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._slurm = slurm
         self.cwd = Path.cwd() if cwd is None else cwd
         self.env: Mapping[str, str] = dict(os.environ) if env is None else env
@@ -153,10 +155,15 @@ def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
         return [flag]
     return [
         click.option(
-            *alias_decls(row.setting.option), row.name, type=_param_type(kind), default=default,
-            show_default=shown, help=help_text, multiple=isinstance(kind, contract.Texts),
+            *alias_decls(row.setting.option),
+            row.name,
+            type=_param_type(kind),
+            default=default,
+            show_default=shown,
+            help=help_text,
+            multiple=isinstance(kind, contract.Texts),
         )
-    ]  # fmt: skip
+    ]
 
 
 def settings_options(cls: type[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -12,8 +12,15 @@ from hpclaunch.cli.context import CliContext, entry_kind, fail
 from hpclaunch.errors import HpclaunchError
 
 
-def _doctor(obj: CliContext, /, profile: str | None, module: bool, no_python: bool,
-            allocate: bool, **flags: Any) -> None:  # fmt: skip
+def _doctor(
+    obj: CliContext,
+    /,
+    profile: str | None,
+    module: bool,
+    no_python: bool,
+    allocate: bool,
+    **flags: Any,
+) -> None:
     from hpclaunch.cli.sbatch import resolve_job
     from hpclaunch.ops.doctor import Verdict
     from hpclaunch.ops.doctor_probe import run

@@ -31,8 +31,9 @@ def render_status(status: JobStatus) -> str:
     if status.pending_reason:
         lines.append(f"  waiting for:     {status.pending_reason}")
     if status.never_starts:
-        lines.append(f"  never starts:    {status.never_starts}; "
-                     f"cancel it: hpclaunch cancel {status.job_id}")  # fmt: skip
+        lines.append(
+            f"  never starts:    {status.never_starts}; cancel it: hpclaunch cancel {status.job_id}"
+        )
     if status.nodes:
         lines.append(f"  nodes:           {compress(status.nodes)} ({len(status.nodes)})")
     if status.exit_code and status.ended:
@@ -87,8 +88,10 @@ def _last_checkpoint(status: JobStatus) -> list[str]:
         return [f"  last checkpoint: step {status.checkpoint_step} ({status.checkpoint_path})"]
     if status.checkpoint_dir:
         nor = ", nor matching " + ", ".join(status.checkpoint_patterns)
-        return [f"  last checkpoint: none yet in {status.checkpoint_dir}"
-                + (nor if status.checkpoint_patterns else "")]  # fmt: skip
+        return [
+            f"  last checkpoint: none yet in {status.checkpoint_dir}"
+            + (nor if status.checkpoint_patterns else "")
+        ]
     return []
 
 
@@ -98,10 +101,17 @@ def jobs_table(rows: Sequence[ListedJob]) -> str:
         ("JOBID", "NAME", "STATE", "NODES", "REQUEUES", "SUBMITTED", "JOB FOLDER")
     ]
     for row in rows:
-        table.append((
-            str(row.job_id), row.name, row.state or "unknown", row.nodes or "-",
-            "-" if row.requeues is None else str(row.requeues), when(row.submitted), row.job_dir,
-        ))  # fmt: skip
+        table.append(
+            (
+                str(row.job_id),
+                row.name,
+                row.state or "unknown",
+                row.nodes or "-",
+                "-" if row.requeues is None else str(row.requeues),
+                when(row.submitted),
+                row.job_dir,
+            )
+        )
     return columns(table)
 
 

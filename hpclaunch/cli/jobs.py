@@ -86,12 +86,21 @@ def status(
 
 @click.command()
 @click.argument("job_id", metavar="JOBID")
-@click.option("--rank", type=click.IntRange(min=0), default=None,
-              help="This global rank's output, every attempt in order.")  # fmt: skip
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=None,
+    help="This global rank's output, every attempt in order.",
+)
 @click.option("--node", default=None, help="The output of every rank that ran on this node.")
 @click.option("--err", is_flag=True, help="The ranks' stderr instead of their stdout.")
-@click.option("--follow", "-f", "follow_on", is_flag=True,
-              help="Keep printing as the job writes, until it ends.")  # fmt: skip
+@click.option(
+    "--follow",
+    "-f",
+    "follow_on",
+    is_flag=True,
+    help="Keep printing as the job writes, until it ends.",
+)
 @_job_dir_option
 @click.pass_obj
 def logs(
@@ -130,12 +139,22 @@ def _write(parts: Iterable[str]) -> None:
 @click.command()
 @click.argument("job_id", metavar="JOBID")
 @_job_dir_option
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
-              default=live.TIMEOUT_S, show_default=True, metavar="SECONDS",
-              help="How long to wait for every node's agent to answer.")  # fmt: skip
-@click.option("--raw", is_flag=True, help="Each rank's stack as its agent read it (py-spy's "
-              "dump, or faulthandler's), in rank order, instead of identical stacks "
-              "grouped.")  # fmt: skip
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=live.TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for every node's agent to answer.",
+)
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Each rank's stack as its agent read it (py-spy's "
+    "dump, or faulthandler's), in rank order, instead of identical stacks "
+    "grouped.",
+)
 @click.pass_obj
 def stacks(obj: CliContext, job_id: str, job_dir: Path | None, timeout_s: float, raw: bool) -> None:
     """Print the live Python stacks of every rank of running job JOBID, each distinct
@@ -163,15 +182,22 @@ def cancel(obj: CliContext, job_id: str, job_dir: Path | None) -> None:
         fail(exc)
     where = f" on {compress(done.was.nodes)}" if done.was.nodes else ""
     promise = (
-        "it will not be requeued" if done.noted
+        "it will not be requeued"
+        if done.noted
         else "its folder is unknown, so a requeue already under way may still happen"
-    )  # fmt: skip
+    )
     click.echo(f"job {number}: cancelled (was {done.was.state or 'unknown'}{where}); {promise}")
 
 
 @click.command(name="list")
-@click.option("--last", "-n", type=click.IntRange(min=1), default=LIST_DEFAULT, show_default=True,
-              help="How many of the latest submissions to show.")  # fmt: skip
+@click.option(
+    "--last",
+    "-n",
+    type=click.IntRange(min=1),
+    default=LIST_DEFAULT,
+    show_default=True,
+    help="How many of the latest submissions to show.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.pass_obj
 def list_jobs(obj: CliContext, last: int, as_json: bool) -> None:

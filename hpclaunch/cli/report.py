@@ -19,12 +19,16 @@ from hpclaunch.ops.status import find
 @click.command("report")
 @click.argument("job_id", metavar="JOBID")
 @_job_dir_option
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also draw the job's timeline into this FILE.png or FILE.svg "
-              "(needs pip install 'hpclaunch[report]').")  # fmt: skip
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the job's timeline into this FILE.png or FILE.svg "
+    "(needs pip install 'hpclaunch[report]').",
+)
 @click.pass_obj
-def report_command(obj: CliContext, job_id: str, job_dir: Path | None,
-                   output: Path | None) -> None:  # fmt: skip
+def report_command(obj: CliContext, job_id: str, job_dir: Path | None, output: Path | None) -> None:
     """Print JOBID's goodput (its wall time split into queue, start-up, training,
     checkpoints, lost work, restarts and hangs) and its attempts; draw its timeline."""
     number = _job_id(job_id)
@@ -36,8 +40,9 @@ def report_command(obj: CliContext, job_id: str, job_dir: Path | None,
         found = None
         if status.job_dir is not None:
             submitted = entry.submitted if entry is not None else None
-            found = goodput.of_folder(Path(status.job_dir), number, submitted, time.time(),
-                                      status.ended)  # fmt: skip
+            found = goodput.of_folder(
+                Path(status.job_dir), number, submitted, time.time(), status.ended
+            )
         click.echo(report.text(status, found))
         if output is not None:
             if found is None:

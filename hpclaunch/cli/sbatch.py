@@ -340,8 +340,9 @@ def resolve_job(
         )
     for pattern in done.spec.checkpoint_patterns:
         if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
-            raise SpecError("checkpoint_patterns",
-                            f"--checkpoint-pattern: {folder_pattern(pattern)}")  # fmt: skip
+            raise SpecError(
+                "checkpoint_patterns", f"--checkpoint-pattern: {folder_pattern(pattern)}"
+            )
     return done
 
 
@@ -362,23 +363,34 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
         from hpclaunch.checkpoint.claim import check_submit
         from hpclaunch.checkpoint.sharing import CLI, dependency_of
 
-        check_submit(obj.cwd / spec.checkpoint_dir, adopt=spec.adopt_checkpoints,
-                     dependency=dependency_of(spec.sbatch_options),
-                     name=spec.effective_job_name, slurm=obj.slurm, spell=CLI)  # fmt: skip
+        check_submit(
+            obj.cwd / spec.checkpoint_dir,
+            adopt=spec.adopt_checkpoints,
+            dependency=dependency_of(spec.sbatch_options),
+            name=spec.effective_job_name,
+            slurm=obj.slurm,
+            spell=CLI,
+        )
     done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
-    problem = registry.note(obj.env, done.job_id, done.job_dir, spec.effective_job_name,
-                            obj.cwd, done.cluster)  # fmt: skip
+    problem = registry.note(
+        obj.env, done.job_id, done.job_dir, spec.effective_job_name, obj.cwd, done.cluster
+    )
     if problem is not None:
-        click.echo(f"hpclaunch: warning: {problem}; give `hpclaunch status` --job-dir "
-                   f"{done.job_dir}", err=True)  # fmt: skip
+        click.echo(
+            f"hpclaunch: warning: {problem}; give `hpclaunch status` --job-dir {done.job_dir}",
+            err=True,
+        )
     return text, done
 
 
 def _answer(text: str, submission: Submission | None) -> str:
     """``--json``'s object."""
-    return json.dumps({
-        "job_id": submission.job_id if submission else None,
-        "cluster": submission.cluster if submission else None,
-        "script_path": str(submission.script_path) if submission else None,
-        "script": text,
-    }, indent=2)  # fmt: skip
+    return json.dumps(
+        {
+            "job_id": submission.job_id if submission else None,
+            "cluster": submission.cluster if submission else None,
+            "script_path": str(submission.script_path) if submission else None,
+            "script": text,
+        },
+        indent=2,
+    )

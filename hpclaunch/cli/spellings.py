@@ -154,9 +154,12 @@ def with_dependency(flags: dict[str, Any]) -> tuple[tuple[str, str | None], ...]
     if given:
         asked.append(f"--sbatch-option {given[0]}")
     if len(asked) > 1:
-        raise SpecError("dependency", f"{' and '.join(asked)} each set the job's dependency; "
-                        "give one (join several in one --dependency SPEC, e.g. "
-                        "afterok:12,afterany:13)")  # fmt: skip
+        raise SpecError(
+            "dependency",
+            f"{' and '.join(asked)} each set the job's dependency; "
+            "give one (join several in one --dependency SPEC, e.g. "
+            "afterok:12,afterany:13)",
+        )
     if after:
         return (*options, ("dependency", after_dependency(after)))
     return (*options, ("dependency", spec)) if spec else options

@@ -41,13 +41,17 @@ def supervise(obj: CliContext, /, step: tuple[str, ...], values: Mapping[str, An
     logging.basicConfig(level=logging.INFO, format=f"hpclaunch[job {job}]: %(message)s", force=True)
     try:
         status = run_supervised(
-            step, env=obj.env, slurm=obj.slurm, job_dir=settings.job_dir,
-            max_requeues=settings.max_requeues, grace_s=settings.grace_period_s,
+            step,
+            env=obj.env,
+            slurm=obj.slurm,
+            job_dir=settings.job_dir,
+            max_requeues=settings.max_requeues,
+            grace_s=settings.grace_period_s,
             max_failure_requeues=settings.max_failure_requeues,
             adopt_checkpoints=settings.adopt_checkpoints,
             slurm_patience_s=settings.slurm_patience_s,
             checkpoint_patterns=settings.checkpoint_patterns,
-        )  # fmt: skip
+        )
     except HpclaunchError as exc:
         fail(exc)
     sys.exit(status)

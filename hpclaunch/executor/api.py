@@ -146,10 +146,16 @@ class _LocalBackend(LocalExecutor):
 
     @property
     def _submitit_command_str(self) -> str:
-        return shlex.join([
-            sys.executable, "-u", "-m", "hpclaunch.executor.local_node",
-            str(self.folder), str(self._settings),
-        ])  # fmt: skip
+        return shlex.join(
+            [
+                sys.executable,
+                "-u",
+                "-m",
+                "hpclaunch.executor.local_node",
+                str(self.folder),
+                str(self._settings),
+            ]
+        )
 
     def _num_tasks(self) -> int:
         return 1
@@ -158,9 +164,13 @@ class _LocalBackend(LocalExecutor):
         spec = self._spec()
         limit = spec.time_limit.total_seconds() / 60 if spec.time_limit else LOCAL_NO_LIMIT_MIN
         self.parameters.update(
-            tasks_per_node=1, timeout_min=limit, signal_delay_s=spec.signal_lead_s,
-            gpus_per_node=spec.gpus_per_node, stderr_to_stdout=True, setup=list(spec.setup),
-        )  # fmt: skip
+            tasks_per_node=1,
+            timeout_min=limit,
+            signal_delay_s=spec.signal_lead_s,
+            gpus_per_node=spec.gpus_per_node,
+            stderr_to_stdout=True,
+            setup=list(spec.setup),
+        )
         started: Any = super()._submit_command(command)
         return LocalJob(self.folder, started.job_id, tasks=[0], process=started._process)
 
@@ -215,8 +225,14 @@ def _check_checkpoints(folder: Path, spec: JobSpec, array: tuple[int, int | None
             "folder), or submit the jobs one by one with a folder each"
         )
     dependency = dependency_of(spec.sbatch_options)
-    check_submit(folder, adopt=spec.adopt_checkpoints, dependency=dependency,
-                 name=spec.effective_job_name, slurm=Slurm(), spell=EXECUTOR)  # fmt: skip
+    check_submit(
+        folder,
+        adopt=spec.adopt_checkpoints,
+        dependency=dependency,
+        name=spec.effective_job_name,
+        slurm=Slurm(),
+        spell=EXECUTOR,
+    )
 
 
 def _submit_pickled(

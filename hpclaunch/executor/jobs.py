@@ -66,8 +66,12 @@ class ScontrolWatcher(SlurmInfoWatcher):
         record = answer.record
         if record is not None:
             restarts = "" if record.restarts is None else str(record.restarts)
-            return {"State": record.state or "", "NodeList": record.nodes,
-                    "JobId": record.job_id or "", "Restarts": restarts}  # fmt: skip
+            return {
+                "State": record.state or "",
+                "NodeList": record.nodes,
+                "JobId": record.job_id or "",
+                "Restarts": restarts,
+            }
         if answer.forgotten and answer.sacct_error is not None:
             # Ended longer ago than MinJobAge, and no accounting to ask: it runs no
             # more (a controller that cannot be reached says otherwise).

@@ -84,27 +84,37 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format=f"hpclaunch[local job {job_id}]: %(message)s", force=True
     )
     ctx = NodeContext(
-        job_id=job_id, node_rank=0, hosts=(socket.gethostname(),), restart_count=requeue,
-        nproc_per_node=settings.nproc_per_node, nproc_source="nproc_per_node",
+        job_id=job_id,
+        node_rank=0,
+        hosts=(socket.gethostname(),),
+        restart_count=requeue,
+        nproc_per_node=settings.nproc_per_node,
+        nproc_source="nproc_per_node",
         master_port=settings.master_port or derive_port(job_id),
-    )  # fmt: skip
+    )
     opts = options.AgentOptions(
-        entrypoint=WORKER_MODULE, args=(str(folder),), entry_kind=EntryKind.MODULE,
-        nproc_per_node=settings.nproc_per_node, rdzv=C10dRdzv.name,
-        max_restarts=settings.max_restarts, job_dir=job_dir,
+        entrypoint=WORKER_MODULE,
+        args=(str(folder),),
+        entry_kind=EntryKind.MODULE,
+        nproc_per_node=settings.nproc_per_node,
+        rdzv=C10dRdzv.name,
+        max_restarts=settings.max_restarts,
+        job_dir=job_dir,
         grace_period_s=settings.grace_period_s,
         # Supervised: the agent leaves its root-cause block in the job folder, where
         # job.result() reads it; it is printed below too, as the supervisor would.
         supervised=True,
-    )  # fmt: skip
+    )
     # This process is the job's agent: its environment is what torch gives the
     # workers, as the rendered script's exports are on SLURM. Values set here
     # replace inherited ones (a driver running inside another job has its own).
     os.environ.update(settings.env)
-    os.environ.update({
-        JOB_DIR_VAR: str(job_dir),
-        checkpoint.ENV_VAR: settings.checkpoint_dir or str(job.checkpoints),
-    })  # fmt: skip
+    os.environ.update(
+        {
+            JOB_DIR_VAR: str(job_dir),
+            checkpoint.ENV_VAR: settings.checkpoint_dir or str(job.checkpoints),
+        }
+    )
     refused = _claim_checkpoints(Path(os.environ[checkpoint.ENV_VAR]), job_id, settings)
     if refused is not None:
         settings_path.unlink(missing_ok=True)

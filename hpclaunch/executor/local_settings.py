@@ -38,12 +38,16 @@ class LocalSettings:
         # SUBMITIT_EXECUTOR=slurm is for the SLURM script; the controller sets "local".
         env = {key: value for key, value in spec.env if key != "SUBMITIT_EXECUTOR"}
         return cls(
-            nproc_per_node=spec.effective_nproc_per_node, max_restarts=spec.max_restarts,
+            nproc_per_node=spec.effective_nproc_per_node,
+            max_restarts=spec.max_restarts,
             max_requeues=min(spec.max_requeues, CONTROLLER_MAX_RUNS - 1),
-            grace_period_s=spec.agent_grace_s, log_dir=absolute(spec.log_dir),
+            grace_period_s=spec.agent_grace_s,
+            log_dir=absolute(spec.log_dir),
             checkpoint_dir=absolute(spec.checkpoint_dir) if spec.checkpoint_dir else None,
-            env=env, adopt_checkpoints=spec.adopt_checkpoints, master_port=spec.master_port,
-        )  # fmt: skip
+            env=env,
+            adopt_checkpoints=spec.adopt_checkpoints,
+            master_port=spec.master_port,
+        )
 
     def write(self, path: Path) -> None:
         raw = (json.dumps(asdict(self), indent=2) + "\n").encode()

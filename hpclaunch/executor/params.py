@@ -180,8 +180,14 @@ def local_conflicts(spec: JobSpec, params: Parameters) -> None:
         raise ParameterError(key, f"update_parameters({name}=...): {why}")
 
     if spec.nodes.min != 1 or spec.nodes.max != 1:
-        refuse("nodes", f"cluster='local' runs one node, not {spec.nodes.sbatch}; "
-               "set nodes=1, or use cluster='slurm'")  # fmt: skip
+        refuse(
+            "nodes",
+            f"cluster='local' runs one node, not {spec.nodes.sbatch}; "
+            "set nodes=1, or use cluster='slurm'",
+        )
     if isinstance(spec.rdzv, EtcdRdzv):
-        refuse("rdzv", "cluster='local' rendezvouses on 127.0.0.1 without etcd; "
-               "leave out rdzv='etcd' and the etcd settings")  # fmt: skip
+        refuse(
+            "rdzv",
+            "cluster='local' rendezvouses on 127.0.0.1 without etcd; "
+            "leave out rdzv='etcd' and the etcd settings",
+        )

@@ -116,11 +116,14 @@ def run(folder: Path, env: Mapping[str, str] | None = None) -> int:
     job_id = JobEnvironment().job_id
     paths = JobPaths(folder, job_id=job_id, task_id=0)
     if rank == 0:
-        _write_json(ExecutorFolder(folder).info(job_id), {
-            "slurm_job_id": environ.get("SLURM_JOB_ID"),
-            "job_dir": environ.get(JOB_DIR_VAR),
-            "requeue": int(environ.get(worker_env.REQUEUE_COUNT) or 0),
-        })  # fmt: skip
+        _write_json(
+            ExecutorFolder(folder).info(job_id),
+            {
+                "slurm_job_id": environ.get("SLURM_JOB_ID"),
+                "job_dir": environ.get(JOB_DIR_VAR),
+                "requeue": int(environ.get(worker_env.REQUEUE_COUNT) or 0),
+            },
+        )
     _wait_for(paths.submitted_pickle, PICKLE_WAIT_S)
     delayed = DelayedSubmission.load(paths.submitted_pickle)
     sources.restore(delayed)

@@ -163,9 +163,13 @@ class StopCheckpoint(pl.Callback):
         self._step_before = trainer.global_step
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         step = trainer.global_step
         if step == self._step_before:  # within gradient accumulation: not a boundary
             return

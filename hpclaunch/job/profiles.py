@@ -349,8 +349,9 @@ def resolve(
         elif field in ("setup", "checkpoint_patterns") and field in fields:
             value = fields[field] + tuple(value)
         merges = field in (*_MERGED_BY_KEY, "setup", "checkpoint_patterns")
-        origins[key] = Origin(origins[key].profile if merges and key in origins else None,
-                              spell(key))  # fmt: skip
+        origins[key] = Origin(
+            origins[key].profile if merges and key in origins else None, spell(key)
+        )
         fields[field] = value
         sources[key] = spell(key)
     try:

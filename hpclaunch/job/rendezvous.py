@@ -71,10 +71,16 @@ class EtcdRdzv(Rendezvous):
 
     name = "etcd"
     keys: ClassVar[Mapping[str, str]] = {
-        "etcd_endpoint": "endpoints", "etcd_sidecar": "sidecar", "etcd_binary": "binary",
-        "etcd_cacert": "cacert", "etcd_cert": "cert", "etcd_key": "key", "etcd_user": "user",
-        "etcd_password_file": "password_file", "etcd_outage_timeout": "outage_timeout",
-    }  # fmt: skip
+        "etcd_endpoint": "endpoints",
+        "etcd_sidecar": "sidecar",
+        "etcd_binary": "binary",
+        "etcd_cacert": "cacert",
+        "etcd_cert": "cert",
+        "etcd_key": "key",
+        "etcd_user": "user",
+        "etcd_password_file": "password_file",
+        "etcd_outage_timeout": "outage_timeout",
+    }
 
     endpoints: tuple[str, ...] = ()
     sidecar: bool = False
@@ -130,19 +136,23 @@ class EtcdRdzv(Rendezvous):
     def rdzv_configs(self) -> dict[str, str]:
         """What the hpclaunch-etcd handler reads from torch's rendezvous configs."""
         given = {
-            "cacert": self.cacert, "cert": self.cert, "key": self.key,
-            "user": self.user, "password_file": self.password_file,
+            "cacert": self.cacert,
+            "cert": self.cert,
+            "key": self.key,
+            "user": self.user,
+            "password_file": self.password_file,
             "outage_timeout": None if self.outage_timeout is None else f"{self.outage_timeout:g}",
-        }  # fmt: skip
+        }
         return {k: v for k, v in given.items() if v is not None}
 
     def argv(self) -> list[str]:
         out = ["--etcd-endpoint", ",".join(self.endpoints)] if self.endpoints else []
         if self.sidecar:
             out.append("--etcd-sidecar")
-        flags = {"--etcd-binary": self.binary, **{
-            f"--etcd-{k.replace('_', '-')}": v for k, v in self.rdzv_configs().items()
-        }}  # fmt: skip
+        flags = {
+            "--etcd-binary": self.binary,
+            **{f"--etcd-{k.replace('_', '-')}": v for k, v in self.rdzv_configs().items()},
+        }
         for flag, value in flags.items():
             if value is not None:
                 out += [flag, value]

@@ -18,16 +18,24 @@ _VARYING: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern), placeholder)
     for pattern, placeholder in (
         # dates and times: 2026-11-24T17:25:49.5+01:00, 2026-11-24_17:25:49, 17:25:49.509
-        (r"\d{4}-\d{2}-\d{2}(?:[T _]\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?)?"
-         r"(?:Z|[+-]\d{2}:?\d{2}\b)?", "<time>"),
+        (
+            r"\d{4}-\d{2}-\d{2}(?:[T _]\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?)?"
+            r"(?:Z|[+-]\d{2}:?\d{2}\b)?",
+            "<time>",
+        ),
         (r"(?<![\w:.])\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?![\w:])", "<time>"),
         # UUIDs (torch's run ids, in temporary names), with - or _
-        (r"(?i)\b[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}\b",
-         "<id>"),
+        (
+            r"(?i)\b[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}\b",
+            "<id>",
+        ),
         # IPv6, bracketed or bare (needs a '::' or all eight groups), maybe with a port
         (r"\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d+)?", "<addr>"),
-        (r"(?<![\w:.])(?=[0-9A-Fa-f:]*::|(?:[0-9A-Fa-f]{1,4}:){7})[0-9A-Fa-f:]{2,39}"
-         r"(?:\.\d{1,3}){0,4}(?![\w:])", "<addr>"),
+        (
+            r"(?<![\w:.])(?=[0-9A-Fa-f:]*::|(?:[0-9A-Fa-f]{1,4}:){7})[0-9A-Fa-f:]{2,39}"
+            r"(?:\.\d{1,3}){0,4}(?![\w:])",
+            "<addr>",
+        ),
         # IPv4, maybe with a port
         (r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?(?![\w.])", "<addr>"),
         # host:port (a name, a colon, a port number)
@@ -44,7 +52,7 @@ _VARYING: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # Any other number is kept: GPU 3 and GPU 5, rank 2 and rank 3 are not the
         # same error (an error that follows its rank must look like one).
     )
-)  # fmt: skip
+)
 _SPACE = re.compile(r"\s+")
 
 

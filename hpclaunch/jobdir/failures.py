@@ -121,9 +121,13 @@ def write(job_dir: Path, record: NodeRecord) -> Path:
 
 
 def record_of(
-    node: str, node_rank: int, requeue_count: int, attempt: int, failures: Iterable[Failure],
+    node: str,
+    node_rank: int,
+    requeue_count: int,
+    attempt: int,
+    failures: Iterable[Failure],
     messages: Mapping[int, str] | None = None,
-) -> NodeRecord:  # fmt: skip
+) -> NodeRecord:
     """The record of one failed attempt; ``messages`` (rank -> message) says what the
     agent knows better than the worker's output (a hang it stopped)."""
     given = messages or {}
@@ -243,10 +247,14 @@ def classify(
     # The first attempt's lowest rank that said it: with one writer, rank 0 has the
     # filesystem's own words; the others echo them.
     said = sorted(
-        ((r.attempt, w.rank, w.message, fault, r.node) for r in ordered for w in r.workers
-         if (fault := storage_fault(w.message, shared)) is not None),
+        (
+            (r.attempt, w.rank, w.message, fault, r.node)
+            for r in ordered
+            for w in r.workers
+            if (fault := storage_fault(w.message, shared)) is not None
+        ),
         key=lambda found: found[:2],
-    )  # fmt: skip
+    )
     if said:
         seen_on = tuple(sorted({found[4] for found in said}))
         return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3], seen_on=seen_on)
@@ -258,8 +266,11 @@ def classify(
                 hung.setdefault(record.node, {}).setdefault(record.attempt, worker.message)
             else:
                 erred.setdefault(record.node, []).append(worker.message)
-    again = {node: list(began.values()) for node, began in hung.items()
-             if len(began) >= HANGS_TO_BAD_NODE}  # fmt: skip
+    again = {
+        node: list(began.values())
+        for node, began in hung.items()
+        if len(began) >= HANGS_TO_BAD_NODE
+    }
     if not erred and again and not set(again) >= set(step_nodes):
         # Hangs began on some nodes only, on more than one attempt: those nodes hang.
         return Finding(Verdict.BAD_NODES, tuple(sorted(again)), next(iter(again.values()))[0])

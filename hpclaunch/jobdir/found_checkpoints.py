@@ -75,8 +75,9 @@ def newest(patterns: Sequence[str], scandir: Scandir = os.scandir) -> Search:
     for pattern in patterns:
         blocked = unreadable_base(pattern, scandir)
         if blocked is not None:
-            notes.append(f"checkpoint folder {blocked} (of {pattern}) cannot be read: "
-                         "Permission denied")  # fmt: skip
+            notes.append(
+                f"checkpoint folder {blocked} (of {pattern}) cannot be read: Permission denied"
+            )
             continue
         for match in glob.iglob(pattern, recursive=True):
             if not counts(match):

@@ -32,8 +32,7 @@ from hpclaunch.jobdir.hangs import NodeProgress
 from hpclaunch.jobdir.history import History, HistoryError
 from hpclaunch.jobdir.layout import JobFolder
 
-PARTS = ("queue", "startup", "productive", "checkpoint", "lost", "restarts", "hangs",
-         "shutdown")  # fmt: skip
+PARTS = ("queue", "startup", "productive", "checkpoint", "lost", "restarts", "hangs", "shutdown")
 # Runs that ended this way end on purpose: the time after their last step is shut-down.
 _ON_PURPOSE = ("completed", "time limit", "steps stopped", "cancelled")
 
@@ -148,12 +147,18 @@ def merge(requeue: int, events: Sequence[AttemptEvent]) -> list[Attempt]:
         first = min(firsts, key=lambda e: e.time, default=None)
         lasts = [e for e in ends if e.step_time is not None]
         steps = [e.step for e in lasts if e.step is not None]
-        out.append(Attempt(
-            requeue, number, min(begins, default=None),
-            first.time if first else None, first.step if first else None,
-            max((e.step_time for e in lasts if e.step_time), default=None),
-            min(steps, default=None), min((e.time for e in ends), default=None),
-        ))  # fmt: skip
+        out.append(
+            Attempt(
+                requeue,
+                number,
+                min(begins, default=None),
+                first.time if first else None,
+                first.step if first else None,
+                max((e.step_time for e in lasts if e.step_time), default=None),
+                min(steps, default=None),
+                min((e.time for e in ends), default=None),
+            )
+        )
     return out
 
 
@@ -178,8 +183,7 @@ class _Tiler:
             self.cursor = stop
 
 
-def _train(tiler: _Tiler, attempt: Attempt, last: float, lost: bool,
-           saves: Sequence[Save]) -> None:  # fmt: skip
+def _train(tiler: _Tiler, attempt: Attempt, last: float, lost: bool, saves: Sequence[Save]) -> None:
     """The training of one attempt (its first step to ``last``) into ``tiler``: kept
     up to its last checkpoint and lost after it when ``lost``; saves' blocking apart."""
     first = tiler.cursor
@@ -198,9 +202,13 @@ def _train(tiler: _Tiler, attempt: Attempt, last: float, lost: bool,
 
 
 def _run(
-    run: RunTimes, end: float, attempts: Sequence[Attempt], later: bool,
-    saves: Sequence[Save], hung: set[tuple[int, int]],
-) -> list[Segment]:  # fmt: skip
+    run: RunTimes,
+    end: float,
+    attempts: Sequence[Attempt],
+    later: bool,
+    saves: Sequence[Save],
+    hung: set[tuple[int, int]],
+) -> list[Segment]:
     """One run's segments over [run.started, end]. ``later``: an attempt comes after
     this run's last (a later run): its unsaved steps are lost."""
     tiler = _Tiler(run.requeue, run.started, end)
@@ -229,9 +237,14 @@ def _run(
 
 
 def timeline(
-    runs: Sequence[RunTimes], attempts: Mapping[int, Sequence[Attempt]], saves: Sequence[Save],
-    hung: set[tuple[int, int]], submitted: float | None, now: float, final: bool,
-) -> Timeline | None:  # fmt: skip
+    runs: Sequence[RunTimes],
+    attempts: Mapping[int, Sequence[Attempt]],
+    saves: Sequence[Save],
+    hung: set[tuple[int, int]],
+    submitted: float | None,
+    now: float,
+    final: bool,
+) -> Timeline | None:
     """The job's goodput and its stretches, from plain data: ``attempts`` by requeue,
     ``hung`` the (requeue, attempt) pairs a hang ended, ``final``: the job has ended
     (SLURM says so), else its time runs to ``now``. None without a run. Pure."""
@@ -262,10 +275,13 @@ def timeline(
     wall = until - start
     shares = {f"{part}_s": round(totals[part], 3) for part in PARTS}
     split = Split(
-        wall_s=round(wall, 3), **shares,
+        wall_s=round(wall, 3),
+        **shares,
         ratio=round(totals["productive"] / wall, 4) if wall > 0 else None,
-        submitted=start, until=until, submit_known=submitted is not None,
-    )  # fmt: skip
+        submitted=start,
+        until=until,
+        submit_known=submitted is not None,
+    )
     found = [a for requeue in sorted(attempts) for a in attempts[requeue]]
     return Timeline(split, segments, found, list(saves), sorted(hung))
 
@@ -284,8 +300,9 @@ def with_notes(found: Sequence[Attempt], notes: Sequence[NodeProgress]) -> list[
     return out
 
 
-def of_folder(folder: Path, job_id: int, submitted: float | None, now: float,
-              final: bool) -> Timeline | None:  # fmt: skip
+def of_folder(
+    folder: Path, job_id: int, submitted: float | None, now: float, final: bool
+) -> Timeline | None:
     """The goodput of the job whose folder is ``folder`` (``submitted``: the job list's
     submit time, None when unknown); None before its first run. Raises HistoryError
     when history.json cannot be read."""
@@ -293,15 +310,20 @@ def of_folder(folder: Path, job_id: int, submitted: float | None, now: float,
     history = History.load(folder, job_id)
     runs = [RunTimes(r.requeue_count, r.started, r.ended, r.reason) for r in history.runs]
     found = {
-        run.requeue: with_notes(merge(run.requeue, attempts.read(job, run.requeue)),
-                                hangs.read_progress(job, run.requeue))
+        run.requeue: with_notes(
+            merge(run.requeue, attempts.read(job, run.requeue)),
+            hangs.read_progress(job, run.requeue),
+        )
         for run in runs
-    }  # fmt: skip
+    }
     records = [Save(r.step, r.ended - r.total_s, r.blocked_s) for r in saves.records(job.saves)]
     # StopCheckpoint's Lightning checkpoints note no save record: their commit time.
     ckpt_dir = Path(history.checkpoint_dir) if history.checkpoint_dir else job.checkpoints
-    own = [Save(c.steps - 1, c.time, 0.0) for c in lost_work.checkpoints(job, ckpt_dir)
-           if c.label.startswith(store.LIGHTNING_FOLDER)]  # fmt: skip
+    own = [
+        Save(c.steps - 1, c.time, 0.0)
+        for c in lost_work.checkpoints(job, ckpt_dir)
+        if c.label.startswith(store.LIGHTNING_FOLDER)
+    ]
     kept = sorted(records + own, key=lambda s: s.called)
     hung = {(r.requeue, r.attempt) for r in hangs.read_reports(job)}
     return timeline(runs, found, kept, hung, submitted, now, final)

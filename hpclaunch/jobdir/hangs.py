@@ -148,14 +148,27 @@ def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
                 if named
                 else "no rank was seen outside a collective"
             )
-            out.append(FirstHung(requeue, attempt, None, "", None, None, how, waiting, read,
-                                 stacks))  # fmt: skip
+            out.append(
+                FirstHung(requeue, attempt, None, "", None, None, how, waiting, read, stacks)
+            )
             continue
         report = next(r for r in some if r.node == node)
         rank = next(s for s in report.ranks if s.rank == min(report.culprits))
         how = f"{report.how}{f' at {rank.where}' if rank.where else ''}"
-        out.append(FirstHung(requeue, attempt, rank.rank, node, rank.step, rank.idle_s, how,
-                             waiting, read, stacks))  # fmt: skip
+        out.append(
+            FirstHung(
+                requeue,
+                attempt,
+                rank.rank,
+                node,
+                rank.step,
+                rank.idle_s,
+                how,
+                waiting,
+                read,
+                stacks,
+            )
+        )
     return out
 
 
@@ -163,8 +176,10 @@ def describe(hung: FirstHung) -> str:
     """One line for status and the batch log."""
     when = f"run {hung.requeue}, " if hung.requeue else ""
     if hung.rank is None:
-        return (f"{when}attempt {hung.attempt}: the workers hung, no rank named ({hung.how}); "
-                f"{_waited(hung)}; stacks: {_files(hung.stacks)}")  # fmt: skip
+        return (
+            f"{when}attempt {hung.attempt}: the workers hung, no rank named ({hung.how}); "
+            f"{_waited(hung)}; stacks: {_files(hung.stacks)}"
+        )
     step = f" after step {hung.step}" if hung.step is not None else ""
     idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
     return (
@@ -191,8 +206,10 @@ def _files(paths: Sequence[str]) -> str:
 def hang_block(report: HangReport) -> str:
     """The lines a node's root-cause block begins with when its workers hung."""
     named = ",".join(map(str, report.culprits)) or "none"
-    lines = [f"hang on {report.node} (attempt {report.attempt}): {report.reason}",
-             f"  ranks named: {named} ({report.how})"]  # fmt: skip
+    lines = [
+        f"hang on {report.node} (attempt {report.attempt}): {report.reason}",
+        f"  ranks named: {named} ({report.how})",
+    ]
     for seen in report.ranks:
         state = "stopped" if seen.state == "T" else "waiting" if seen.waiting else "running"
         step = seen.step if seen.step is not None else "-"

@@ -122,9 +122,8 @@ class History:
     @property
     def failure_requeues(self) -> int:
         return sum(
-            1 for r in self.runs if r.reason in _NODE_FAULTS
-            and r.action == Action.REQUEUE.value
-        )  # fmt: skip
+            1 for r in self.runs if r.reason in _NODE_FAULTS and r.action == Action.REQUEUE.value
+        )
 
     @property
     def requeues(self) -> int:

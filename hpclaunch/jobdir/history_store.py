@@ -95,8 +95,12 @@ def _close_lost(history: Json, mine: Mapping[str, Any]) -> Json:
             and run.get("reason") is None
             and _key(run) < _key(mine)
         ):
-            run = {**run, "reason": Reason.LOST.value, "action": Action.SLURM_REQUEUES.value,
-                   "error": LOST_NOTE}  # fmt: skip
+            run = {
+                **run,
+                "reason": Reason.LOST.value,
+                "action": Action.SLURM_REQUEUES.value,
+                "error": LOST_NOTE,
+            }
         runs.append(run)
     return {**history, "runs": runs}
 
@@ -167,8 +171,9 @@ def locked(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
                 held = True
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    log.warning("supervisor: history: could not lock %s (%s); writing unlocked",
-                                path, exc)  # fmt: skip
+                    log.warning(
+                        "supervisor: history: could not lock %s (%s); writing unlocked", path, exc
+                    )
                     break
                 time.sleep(0.05)
         yield

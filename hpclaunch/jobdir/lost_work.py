@@ -58,8 +58,10 @@ class RunLoss:
                 f"the next run starts from step 0 and repeats {_steps(self.steps)}"
             )
         if self.repeats == 0:
-            return (f"run {self.requeue} did {self.steps} steps, all in its last checkpoint "
-                    f"({self.saved.label}): nothing is repeated")  # fmt: skip
+            return (
+                f"run {self.requeue} did {self.steps} steps, all in its last checkpoint "
+                f"({self.saved.label}): nothing is repeated"
+            )
         return (
             f"run {self.requeue} did {self.steps} steps; its last checkpoint ({self.saved.label}) "
             f"holds {self.saved.steps}: the next run repeats {_steps(self.repeats or 0)}"
@@ -103,9 +105,13 @@ def _mtime(path: Path) -> float | None:
 
 
 def run_loss(
-    notes: Sequence[hangs.NodeProgress], requeue: int, started: float | None,
-    ended: float | None, known: Sequence[Saved], own_way: bool = False,
-) -> RunLoss | None:  # fmt: skip
+    notes: Sequence[hangs.NodeProgress],
+    requeue: int,
+    started: float | None,
+    ended: float | None,
+    known: Sequence[Saved],
+    own_way: bool = False,
+) -> RunLoss | None:
     """What run ``requeue`` (its progress ``notes``) did past the newest of ``known``
     committed before ``ended``; None when it noted no progress, its count is not the
     job's (its workers resumed from a checkpoint without hpclaunch knowing), or the job
@@ -131,12 +137,22 @@ def run_loss(
 
 
 def of_run(
-    job: JobFolder, ckpt_dir: Path, requeue: int, started: float | None, ended: float | None,
+    job: JobFolder,
+    ckpt_dir: Path,
+    requeue: int,
+    started: float | None,
+    ended: float | None,
     own_way: bool = False,
-) -> RunLoss | None:  # fmt: skip
+) -> RunLoss | None:
     """``run_loss`` from the job folder."""
-    return run_loss(hangs.read_progress(job, requeue), requeue, started, ended,
-                    checkpoints(job, ckpt_dir), own_way)  # fmt: skip
+    return run_loss(
+        hangs.read_progress(job, requeue),
+        requeue,
+        started,
+        ended,
+        checkpoints(job, ckpt_dir),
+        own_way,
+    )
 
 
 def never_saved(known: Sequence[Saved], steps: int, own_way: bool = False) -> str | None:
@@ -152,9 +168,11 @@ def never_saved(known: Sequence[Saved], steps: int, own_way: bool = False) -> st
 
 
 def batch_lines(
-    job: JobFolder, ckpt_dir: Path, runs: Sequence[tuple[int, float | None, float | None]],
+    job: JobFolder,
+    ckpt_dir: Path,
+    runs: Sequence[tuple[int, float | None, float | None]],
     own_way: bool = False,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """What the batch log says when the last of ``runs`` (requeue, started, ended) is
     requeued: the steps the next run repeats, and, the first time a run ends with no
     checkpoint at all, the warning that every run starts from step 0."""
@@ -164,7 +182,7 @@ def batch_lines(
     losses = [
         run_loss(hangs.read_progress(job, requeue), requeue, started, ended, known, own_way)
         for requeue, started, ended in runs
-    ]  # fmt: skip
+    ]
     last = losses[-1]
     if last is None:
         return []

@@ -138,16 +138,26 @@ def after_run(
     killer = uncaught()
     with stop_signals_ignored():  # a late one would raise here (torch's handlers stay)
         try:
-            deputy.note_end(JobFolder(job_dir), ctx.restart_count, ctx.hostname, status,
-                            killer.name if killer is not None else None)  # fmt: skip
+            deputy.note_end(
+                JobFolder(job_dir),
+                ctx.restart_count,
+                ctx.hostname,
+                status,
+                killer.name if killer is not None else None,
+            )
         except OSError as exc:
             log.warning("could not note this agent's end in %s: %s", job_dir, exc)
         if not opts.no_kill:
             return status
         return deputy.after_agent(
-            status, job_id=ctx.job_id, requeue=ctx.restart_count, node=ctx.hostname,
-            job_dir=job_dir, slurm=slurm, env=env,
-        )  # fmt: skip
+            status,
+            job_id=ctx.job_id,
+            requeue=ctx.restart_count,
+            node=ctx.hostname,
+            job_dir=job_dir,
+            slurm=slurm,
+            env=env,
+        )
 
 
 def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
@@ -161,9 +171,12 @@ def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeCon
 
 
 def launch(
-    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan, env: Mapping[str, str],
+    ctx: NodeContext,
+    opts: AgentOptions,
+    settings: LaunchPlan,
+    env: Mapping[str, str],
     helpers: Collection[int] = (),
-) -> int:  # fmt: skip
+) -> int:
     """Run the workers through torch's elastic agent; return the exit status.
 
     What the workers start ends with their group (see hpclaunch.node.sweep), except
@@ -206,8 +219,10 @@ def _rendezvous_failed(exc: BaseException, ctx: NodeContext, settings: LaunchPla
     else:
         log.error(
             "rendezvous %s at %s failed: %s",
-            settings.rdzv_backend, settings.rdzv_endpoint, exc or type(exc).__name__,
-        )  # fmt: skip
+            settings.rdzv_backend,
+            settings.rdzv_endpoint,
+            exc or type(exc).__name__,
+        )
     return 1
 
 
@@ -216,9 +231,13 @@ def _signals(names: str) -> list[signal.Signals]:
 
 
 def _launch(
-    ctx: NodeContext, opts: AgentOptions, settings: LaunchPlan,
-    env: Mapping[str, str], zygote: Zygote | None, sweeper: Sweeper,
-) -> int:  # fmt: skip
+    ctx: NodeContext,
+    opts: AgentOptions,
+    settings: LaunchPlan,
+    env: Mapping[str, str],
+    zygote: Zygote | None,
+    sweeper: Sweeper,
+) -> int:
     # The launcher first: it checks torch's version before torch's internals load.
     from hpclaunch.node.launcher import (
         ChildFailedError,
@@ -240,18 +259,27 @@ def _launch(
     logs = RankLogs(job, ctx.restart_count, ctx.step_id, tee=opts.tee, node=ctx.hostname)
     log.info(
         "%d workers on %s, %d %s in all; rendezvous %s at %s; rank logs in %s",
-        ctx.nproc_per_node, ctx.hostname, ctx.nnodes, "node" if ctx.nnodes == 1 else "nodes",
-        settings.rdzv_backend, settings.rdzv_endpoint, logs.root_log_dir,
-    )  # fmt: skip
+        ctx.nproc_per_node,
+        ctx.hostname,
+        ctx.nnodes,
+        "node" if ctx.nnodes == 1 else "nodes",
+        settings.rdzv_backend,
+        settings.rdzv_endpoint,
+        logs.root_log_dir,
+    )
     watch = _hang_watch(ctx, opts, job)
     try:
         run_agent(
-            LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs), command, args,
+            LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs),
+            command,
+            args,
             worker_env=lambda attempt: _worker_env(ctx, opts, attempt),
             on_failure=_recorder(ctx, job, logs),
-            monitor_wait_s=opts.monitor_interval_s, start_processes=start, sweeper=sweeper,
+            monitor_wait_s=opts.monitor_interval_s,
+            start_processes=start,
+            sweeper=sweeper,
             hangs=watch,
-        )  # fmt: skip
+        )
     except ChildFailedError as exc:
         return _failed_for_good(_root_cause(exc, ctx, opts, logs.folder, watch), ctx, opts, job)
     except RendezvousClosedError:
@@ -278,9 +306,13 @@ def _hang_watch(ctx: NodeContext, opts: AgentOptions, job: Path) -> Watch:
     """This node's hang watch (hpclaunch.node.hangs), its files beside the node-local
     checkpoint copies (node memory, removed with the agent)."""
     return Watch(
-        local_checkpoints(ctx), JobFolder(job), node=ctx.hostname, node_rank=ctx.node_rank,
-        requeue=ctx.restart_count, timeout=HangTimeout.parse(opts.hang_timeout),
-    )  # fmt: skip
+        local_checkpoints(ctx),
+        JobFolder(job),
+        node=ctx.hostname,
+        node_rank=ctx.node_rank,
+        requeue=ctx.restart_count,
+        timeout=HangTimeout.parse(opts.hang_timeout),
+    )
 
 
 def _worker_env(ctx: NodeContext, opts: AgentOptions, attempt: int) -> dict[str, str]:
@@ -334,13 +366,16 @@ def _failures(by_rank: Mapping[int, Any], folder: AttemptFolder | None) -> list[
     """torch's ProcessFailures as joblogs.Failure; ``folder`` holds the attempt's logs."""
     return [
         joblogs.Failure(
-            rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, pid=f.pid,
+            rank=rank,
+            local_rank=f.local_rank,
+            exitcode=f.exitcode,
+            pid=f.pid,
             timestamp=f.timestamp,
             error_file=str(folder.rank_file(rank, RankFile.ERROR)) if folder else "",
             stderr_file=str(folder.rank_file(rank, RankFile.ERR)) if folder else "",
         )
         for rank, f in by_rank.items()
-    ]  # fmt: skip
+    ]
 
 
 def _root_cause(
@@ -353,9 +388,12 @@ def _root_cause(
         logs = f"\n  rank logs: {folder.path}" if folder is not None else ""
         return f"{hang_block(hang)}{logs}"
     return joblogs.root_cause_block(
-        _failures(exc.failures, folder), job_id=ctx.job_id, host=ctx.hostname,
-        node_rank=ctx.node_rank, command=worker_command(opts),
-    )  # fmt: skip
+        _failures(exc.failures, folder),
+        job_id=ctx.job_id,
+        host=ctx.hostname,
+        node_rank=ctx.node_rank,
+        command=worker_command(opts),
+    )
 
 
 def _failed_for_good(block: str, ctx: NodeContext, opts: AgentOptions, job: Path) -> int:

@@ -111,8 +111,9 @@ def judge(seen: Sequence[Seen], now: float, timeout: HangTimeout) -> Hang | None
     stopped = [s for s in seen if s.stopped_s >= limit]
     if stopped:
         names = ", ".join(f"rank {s.rank}" for s in stopped)
-        return Hang(f"{names} stopped (SIGSTOP) for {stopped[0].stopped_s:.0f} s", limit,
-                    tuple(seen))  # fmt: skip
+        return Hang(
+            f"{names} stopped (SIGSTOP) for {stopped[0].stopped_s:.0f} s", limit, tuple(seen)
+        )
     if not reported or any(p.paused for p in reported):
         return None  # before the first step, or in a pause the script announced
     idle = now - max(p.last for p in reported)
@@ -140,9 +141,16 @@ class Watch:
     """One node's hang watch over the workers of each attempt (see the module)."""
 
     def __init__(
-        self, local: Path, job: JobFolder, *, node: str, node_rank: int, requeue: int,
-        timeout: HangTimeout, clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+        self,
+        local: Path,
+        job: JobFolder,
+        *,
+        node: str,
+        node_rank: int,
+        requeue: int,
+        timeout: HangTimeout,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._local, self._job, self._timeout, self._clock = local, job, timeout, clock
         self.node, self.node_rank, self.requeue = node, node_rank, requeue
         self.attempt = 0
@@ -199,11 +207,16 @@ class Watch:
             else:
                 self._stopped_since.pop(local_rank, None)
             since = self._stopped_since.get(local_rank)
-            seen.append(Seen(
-                self._ranks.get(local_rank, local_rank), local_rank, pid, state,
-                progress.read(str(folder / f"local-{local_rank}.progress")),
-                now - since if since is not None else 0.0,
-            ))  # fmt: skip
+            seen.append(
+                Seen(
+                    self._ranks.get(local_rank, local_rank),
+                    local_rank,
+                    pid,
+                    state,
+                    progress.read(str(folder / f"local-{local_rank}.progress")),
+                    now - since if since is not None else 0.0,
+                )
+            )
         return seen
 
     def read_stacks(self, seen: Sequence[Seen]) -> dict[int, str]:
@@ -211,13 +224,15 @@ class Watch:
         folder = self.folder(self.attempt)
         # Only the worker itself, not a python it started, answers the signal.
         handlers = {
-            s.rank: str(folder / f"local-{s.local_rank}.stacks") for s in seen
+            s.rank: str(folder / f"local-{s.local_rank}.stacks")
+            for s in seen
             if s.progress is not None and s.progress.stacks_on_signal and s.progress.pid == s.pid
-        }  # fmt: skip
+        }
         stopped = {s.rank for s in seen if s.state == "T"}
         read = stacks.read({s.rank: s.pid for s in seen}, stopped, handlers)
-        return {rank: (STOPPED_NOTE + text if rank in stopped else text)
-                for rank, text in read.items()}  # fmt: skip
+        return {
+            rank: (STOPPED_NOTE + text if rank in stopped else text) for rank, text in read.items()
+        }
 
     def diagnose(self, hang: Hang) -> HangReport:
         """The stacks of every rank, the ranks named, the report and stacks written into
@@ -226,22 +241,38 @@ class Watch:
         text = self.read_stacks(hang.seen)
         parsed = {rank: stacks.parse(t) for rank, t in text.items()}
         # A rank no longer in its script (exiting: its peers are gone) is no evidence.
-        waiting = {rank: stacks.waiting(threads) if stacks.in_script(threads) else None
-                   for rank, threads in parsed.items()}  # fmt: skip
+        waiting = {
+            rank: stacks.waiting(threads) if stacks.in_script(threads) else None
+            for rank, threads in parsed.items()
+        }
         culprits, how = evidence(hang.seen, waiting)
         stacks_file = reports.report_path(self._job, self.requeue, self.attempt, self.node, "txt")
         ranks = tuple(
             RankAtHang(
-                s.rank, s.local_rank, s.pid, s.state,
+                s.rank,
+                s.local_rank,
+                s.pid,
+                s.state,
                 s.progress.step if s.progress and s.progress.count else None,
                 round(now - s.progress.last, 1) if s.progress and s.progress.count else None,
-                waiting.get(s.rank), stacks.where(parsed.get(s.rank, [])),
+                waiting.get(s.rank),
+                stacks.where(parsed.get(s.rank, [])),
             )
             for s in hang.seen
-        )  # fmt: skip
-        report = HangReport(self.node, self.node_rank, self.requeue, self.attempt, time.time(),
-                            hang.reason, hang.limit_s, ranks, culprits, how,
-                            str(stacks_file))  # fmt: skip
+        )
+        report = HangReport(
+            self.node,
+            self.node_rank,
+            self.requeue,
+            self.attempt,
+            time.time(),
+            hang.reason,
+            hang.limit_s,
+            ranks,
+            culprits,
+            how,
+            str(stacks_file),
+        )
         try:
             stacks_file.parent.mkdir(parents=True, exist_ok=True)
             stacks_file.write_text(reports.sections(text))
@@ -255,8 +286,11 @@ class Watch:
         """Whether the hang of ``report``'s attempt began on this node, as every node's
         report of it says (hpclaunch.jobdir.hangs.began_on); their reports are in the job
         folder by now (each node waits DEFER_S after writing its own)."""
-        found = [r for r in reports.read_reports(self._job, self.requeue)
-                 if r.attempt == report.attempt and r.node != self.node]  # fmt: skip
+        found = [
+            r
+            for r in reports.read_reports(self._job, self.requeue)
+            if r.attempt == report.attempt and r.node != self.node
+        ]
         return reports.began_on([report, *found]) == self.node
 
     def _answer_requests(self, seen: Sequence[Seen]) -> None:
@@ -274,19 +308,27 @@ class Watch:
         found = {
             rank: progress.read(str(folder / f"local-{local_rank}.progress"))
             for local_rank, rank in sorted(self._ranks.items())
-        }  # fmt: skip
+        }
         ranks = tuple(
-            reports.RankProgress(rank, p.step, p.steps_per_s, round(p.slowest, 3),
-                                 round(now - p.last, 1), p.job_steps)
-            for rank, p in found.items() if p is not None and p.count
-        )  # fmt: skip
+            reports.RankProgress(
+                rank,
+                p.step,
+                p.steps_per_s,
+                round(p.slowest, 3),
+                round(now - p.last, 1),
+                p.job_steps,
+            )
+            for rank, p in found.items()
+            if p is not None and p.count
+        )
         if not ranks:
             return False
         totals = [p.total for p in found.values() if p is not None and p.total is not None]
         rank, metrics = self._metrics()
         self._note_first(found, now)
-        note = reports.NodeProgress(self.node, self.attempt, time.time(), ranks,
-                                    max(totals, default=None), metrics, rank)  # fmt: skip
+        note = reports.NodeProgress(
+            self.node, self.attempt, time.time(), ranks, max(totals, default=None), metrics, rank
+        )
         try:
             reports.write_progress(self._job, self.requeue, note)
         except OSError as exc:
@@ -311,8 +353,9 @@ class Watch:
         first = min(stepped, key=lambda p: p.first)
         wall = time.time() - (now - first.first)
         step = min(p.step - p.count + 1 for p in stepped)
-        self._log_event(attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST,
-                                              round(wall, 3), step))  # fmt: skip
+        self._log_event(
+            attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST, round(wall, 3), step)
+        )
 
     def ended(self) -> None:
         """The attempt's group has ended: its last progress note, and its end and last
@@ -330,8 +373,11 @@ class Watch:
         last = max((p.last for p in stepped), default=None)
         wall_now = time.time()
         step_time = round(wall_now - (now - last), 3) if last is not None else None
-        self._log_event(attempts.AttemptEvent(self.node, self.attempt, attempts.END,
-                                              round(wall_now, 3), step, step_time))  # fmt: skip
+        self._log_event(
+            attempts.AttemptEvent(
+                self.node, self.attempt, attempts.END, round(wall_now, 3), step, step_time
+            )
+        )
 
     def _log_event(self, event: attempts.AttemptEvent) -> None:
         try:

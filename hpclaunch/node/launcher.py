@@ -57,11 +57,17 @@ __all__ = [
 
 
 def run_agent(
-    config: LaunchConfig, entrypoint: str, args: Sequence[str], *,
-    worker_env: WorkerEnv, on_failure: OnFailure | None = None,
-    monitor_wait_s: float = 0.1, start_processes: StartProcesses | None = None,
-    sweeper: Sweeper | None = None, hangs: Watch | None = None,
-) -> dict[int, Any]:  # fmt: skip
+    config: LaunchConfig,
+    entrypoint: str,
+    args: Sequence[str],
+    *,
+    worker_env: WorkerEnv,
+    on_failure: OnFailure | None = None,
+    monitor_wait_s: float = 0.1,
+    start_processes: StartProcesses | None = None,
+    sweeper: Sweeper | None = None,
+    hangs: Watch | None = None,
+) -> dict[int, Any]:
     """Run the workers (``entrypoint args``) under hpclaunch's agent; their return values.
 
     ``worker_env(attempt)`` is added to each worker's environment; ``on_failure(result,
@@ -72,29 +78,46 @@ def run_agent(
     when the workers failed for good, SignalException when the agent was stopped by a
     signal, and what the rendezvous raises (RendezvousError and its kinds)."""
     params = RendezvousParameters(
-        backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
-        min_nodes=config.min_nodes, max_nodes=config.max_nodes,
-        local_addr=config.local_addr, **config.rdzv_configs,
-    )  # fmt: skip
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
     master_addr, master_port = static_master(params)
     spec = WorkerSpec(
-        role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint,
-        args=tuple(args), rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
-        max_restarts=config.max_restarts, monitor_interval=config.monitor_interval,
-        master_addr=master_addr, master_port=master_port, local_addr=config.local_addr,
-        event_log_handler=config.event_log_handler, numa_options=config.numa_options,
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
         duplicate_stdout_filters=config.duplicate_stdout_filters,
         duplicate_stderr_filters=config.duplicate_stderr_filters,
         virtual_local_rank=config.virtual_local_rank,
-    )  # fmt: skip
+    )
     agent = RecordingAgent(
-        spec, config.logs_specs, worker_env=worker_env,  # type: ignore[arg-type]
-        signals=signals_of(config.signals_to_handle), on_failure=on_failure,
-        monitor_wait_s=monitor_wait_s, start_processes=start_processes or torch_start_processes,
-        sweeper=sweeper, hangs=hangs,
-        start_method=config.start_method, shutdown_timeout=config.shutdown_timeout,
+        spec,
+        config.logs_specs,  # type: ignore[arg-type]
+        worker_env=worker_env,
+        signals=signals_of(config.signals_to_handle),
+        on_failure=on_failure,
+        monitor_wait_s=monitor_wait_s,
+        start_processes=start_processes or torch_start_processes,
+        sweeper=sweeper,
+        hangs=hangs,
+        start_method=config.start_method,
+        shutdown_timeout=config.shutdown_timeout,
         log_line_prefix_template=config.log_line_prefix_template,
-    )  # fmt: skip
+    )
     shutdown_rdzv = True
     try:
         metrics.initialize_metrics(MetricsConfig(config.metrics_cfg))

@@ -54,10 +54,12 @@ MONITOR_SLEEP_S = 0.001
 _ETCD_USER_HELP = (
     "etcd user; the password comes from --etcd-password-file or $HPCLAUNCH_ETCD_PASSWORD."
 )
-_ENTRY_FLAGS = Flags({
-    EntryKind.MODULE: (("-m", "--module"), "SCRIPT is a Python module name."),
-    EntryKind.EXECUTABLE: (("--no-python",), "SCRIPT is an executable."),
-})  # fmt: skip
+_ENTRY_FLAGS = Flags(
+    {
+        EntryKind.MODULE: (("-m", "--module"), "SCRIPT is a Python module name."),
+        EntryKind.EXECUTABLE: (("--no-python",), "SCRIPT is an executable."),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -69,41 +71,63 @@ class AgentSettings:
     entrypoint: str
     args: tuple[str, ...] = ()
     nnodes: NodeRange | None = setting(
-        None, "--nnodes", Parsed("nodes"), "N or MIN:MAX nodes. [default: the step's]",
+        None,
+        "--nnodes",
+        Parsed("nodes"),
+        "N or MIN:MAX nodes. [default: the step's]",
         Script.ALWAYS,
-    )  # fmt: skip
+    )
     nproc_per_node: int | None = setting(
-        None, "--nproc-per-node", Number(int), "Workers on this node. "
+        None,
+        "--nproc-per-node",
+        Number(int),
+        "Workers on this node. "
         "[default: SLURM_GPUS_ON_NODE, else CUDA_VISIBLE_DEVICES' count, else 1]",
         Script.ALWAYS,
-    )  # fmt: skip
+    )
     rdzv: str = setting(
-        rendezvous.DEFAULT.name, "--rdzv", Name(tuple(rendezvous.BACKENDS)), "Rendezvous "
+        rendezvous.DEFAULT.name,
+        "--rdzv",
+        Name(tuple(rendezvous.BACKENDS)),
+        "Rendezvous "
         "backend: static (fixed ranks from SLURM), c10d (a store on the first node) or etcd.",
         Script.ALWAYS,
-    )  # fmt: skip
+    )
     max_restarts: int = setting(
-        DEFAULT_MAX_RESTARTS, "--max-restarts", Number(int, min=0),
-        "In-place restarts of this node's worker group.", Script.ALWAYS,
-    )  # fmt: skip
+        DEFAULT_MAX_RESTARTS,
+        "--max-restarts",
+        Number(int, min=0),
+        "In-place restarts of this node's worker group.",
+        Script.ALWAYS,
+    )
     hang_timeout: str = setting(
-        HANG_AUTO, "--hang-timeout", Parsed("hang_timeout"), "Seconds without training "
+        HANG_AUTO,
+        "--hang-timeout",
+        Parsed("hang_timeout"),
+        "Seconds without training "
         "progress after which the workers count as hung (stacks saved, restart in place); "
-        "auto: a multiple of the slowest step, with a floor; off.", Script.WHEN_SET,
-    )  # fmt: skip
+        "auto: a multiple of the slowest step, with a floor; off.",
+        Script.WHEN_SET,
+    )
     grace_period_s: float = setting(
-        DEFAULT_GRACE_PERIOD_S, "--grace-period", Number(float, min=0),
+        DEFAULT_GRACE_PERIOD_S,
+        "--grace-period",
+        Number(float, min=0),
         "Seconds the workers get to exit after a signal is passed on, before SIGKILL.",
         Script.ALWAYS,
-    )  # fmt: skip
+    )
     node_multiple: int = setting(
-        1, "--node-multiple", Number(int, min=1),
+        1,
+        "--node-multiple",
+        Number(int, min=1),
         "Run on a multiple of K nodes; the nodes beyond it stand by as spares.",
-    )  # fmt: skip
+    )
     etcd_endpoints: tuple[str, ...] = setting(
-        (), "--etcd-endpoint", Parsed("endpoints", ",".join),
+        (),
+        "--etcd-endpoint",
+        Parsed("endpoints", ",".join),
         "etcd endpoints HOST:PORT[,HOST:PORT...] for --rdzv etcd.",
-    )  # fmt: skip
+    )
     etcd_sidecar: bool = setting(
         False, "--etcd-sidecar", Flag(), "The first node starts an etcd server for the job."
     )
@@ -122,44 +146,68 @@ class AgentSettings:
         None, "--etcd-password-file", Text(), "File whose first line is the etcd password."
     )
     etcd_outage_timeout: float | None = setting(
-        None, "--etcd-outage-timeout", Number(float, min=0),
+        None,
+        "--etcd-outage-timeout",
+        Number(float, min=0),
         "Seconds a running job waits for an unreachable etcd before it fails. [default: 120]",
-    )  # fmt: skip
+    )
     master_addr: str | None = setting(
-        None, "--master-addr", Text(),
-        "Address of the first node. [default: its name, or its NodeAddr]", Script.NEVER,
-    )  # fmt: skip
+        None,
+        "--master-addr",
+        Text(),
+        "Address of the first node. [default: its name, or its NodeAddr]",
+        Script.NEVER,
+    )
     master_port: int | None = setting(
-        None, "--master-port", Number(int, min=1, max=65535),
-        "Rendezvous port. [default: 15000 + job id % 10000]", Script.WHEN_SET,
-    )  # fmt: skip
+        None,
+        "--master-port",
+        Number(int, min=1, max=65535),
+        "Rendezvous port. [default: 15000 + job id % 10000]",
+        Script.WHEN_SET,
+    )
     rank_order: RankOrder = setting(
-        RankOrder.SLURM, "--rank-order", Choice(RankOrder),
-        "topology: nodes under one leaf switch get consecutive ranks.", Script.NEVER,
-    )  # fmt: skip
+        RankOrder.SLURM,
+        "--rank-order",
+        Choice(RankOrder),
+        "topology: nodes under one leaf switch get consecutive ranks.",
+        Script.NEVER,
+    )
     job_dir: Path | None = setting(
-        None, "--job-dir", Folder(), "Job folder; per-rank logs go to its logs/. "
-        "[default: $HPCLAUNCH_JOB_DIR, else hpclaunch-logs/JOBID]", Script.NEVER,
-    )  # fmt: skip
+        None,
+        "--job-dir",
+        Folder(),
+        "Job folder; per-rank logs go to its logs/. "
+        "[default: $HPCLAUNCH_JOB_DIR, else hpclaunch-logs/JOBID]",
+        Script.NEVER,
+    )
     tee: bool = setting(
-        True, "--tee", Flag(off="--no-tee"),
+        True,
+        "--tee",
+        Flag(off="--no-tee"),
         "Also copy every rank's output to the agent's, each line prefixed [rankN].",
         Script.NEVER,
-    )  # fmt: skip
+    )
     worker_start: WorkerStart = setting(
-        WorkerStart.WARM, "--worker-start", Choice(WorkerStart),
+        WorkerStart.WARM,
+        "--worker-start",
+        Choice(WorkerStart),
         "warm: python workers are forked from a copy of the agent that has imported "
         "torch (fast launch and restart); fresh: a new interpreter each, as torchrun does.",
         Script.NEVER,
-    )  # fmt: skip
+    )
     supervised: bool = setting(
-        False, "--supervised", Flag(),
+        False,
+        "--supervised",
+        Flag(),
         "Set by the rendered script when the supervisor runs the step.",
-    )  # fmt: skip
+    )
     no_kill: bool = setting(
-        False, "--no-kill", Flag(), "Set by the rendered script for sbatch --no-kill: when "
+        False,
+        "--no-kill",
+        Flag(),
+        "Set by the rendered script for sbatch --no-kill: when "
         "the batch host is lost, a surviving agent ends or requeues the job.",
-    )  # fmt: skip
+    )
     entry_kind: EntryKind = setting(EntryKind.SCRIPT, "--module", _ENTRY_FLAGS, "What SCRIPT is.")
     # How long the agent waits for a worker's exit between its other checks.
     monitor_interval_s: float = 0.1
@@ -170,18 +218,29 @@ class AgentSettings:
         ``supervised``: the step runs under ``hpclaunch supervise``."""
         # The spec's rendezvous settings are read here and nowhere else in the script.
         return cls(
-            entrypoint=spec.entrypoint, args=spec.args, entry_kind=spec.entry_kind,
-            nnodes=spec.nodes, nproc_per_node=spec.effective_nproc_per_node, rdzv=spec.rdzv.name,
-            max_restarts=spec.max_restarts, grace_period_s=spec.agent_grace_s,
+            entrypoint=spec.entrypoint,
+            args=spec.args,
+            entry_kind=spec.entry_kind,
+            nnodes=spec.nodes,
+            nproc_per_node=spec.effective_nproc_per_node,
+            rdzv=spec.rdzv.name,
+            max_restarts=spec.max_restarts,
+            grace_period_s=spec.agent_grace_s,
             hang_timeout=spec.hang_timeout,
-            node_multiple=spec.node_multiple, master_port=spec.master_port, supervised=supervised,
+            node_multiple=spec.node_multiple,
+            master_port=spec.master_port,
+            supervised=supervised,
             no_kill=spec.no_kill,
-            etcd_endpoints=spec.etcd_endpoints, etcd_sidecar=spec.etcd_sidecar,
-            etcd_binary=spec.etcd_binary, etcd_cacert=spec.etcd_cacert, etcd_cert=spec.etcd_cert,
-            etcd_key=spec.etcd_key, etcd_user=spec.etcd_user,
+            etcd_endpoints=spec.etcd_endpoints,
+            etcd_sidecar=spec.etcd_sidecar,
+            etcd_binary=spec.etcd_binary,
+            etcd_cacert=spec.etcd_cacert,
+            etcd_cert=spec.etcd_cert,
+            etcd_key=spec.etcd_key,
+            etcd_user=spec.etcd_user,
             etcd_password_file=spec.etcd_password_file,
             etcd_outage_timeout=spec.etcd_outage_timeout,
-        )  # fmt: skip
+        )
 
     def to_argv(self) -> list[str]:
         """The agent's options as the rendered script writes them (before ``--``)."""
@@ -318,20 +377,31 @@ def launch_settings(
 
     low, high = node_range(ctx, opts)
     request = backends.Request(
-        node_rank=ctx.node_rank, first_node=f"{master_addr}:{ctx.master_port}",
-        min_nodes=low, max_nodes=high, asked_nodes=str(opts.nnodes),
-        node_multiple=opts.node_multiple, rdzv=opts.rendezvous,
-    )  # fmt: skip
+        node_rank=ctx.node_rank,
+        first_node=f"{master_addr}:{ctx.master_port}",
+        min_nodes=low,
+        max_nodes=high,
+        asked_nodes=str(opts.nnodes),
+        node_multiple=opts.node_multiple,
+        rdzv=opts.rendezvous,
+    )
     rdzv = backends.BACKENDS[opts.rdzv].plan(request)
     return LaunchPlan(
-        min_nodes=low, max_nodes=high, nproc_per_node=ctx.nproc_per_node,
+        min_nodes=low,
+        max_nodes=high,
+        nproc_per_node=ctx.nproc_per_node,
         run_id=f"hpclaunch-{ctx.job_id}-{ctx.restart_count}",
-        rdzv_endpoint=rdzv.endpoint, rdzv_backend=rdzv.backend, rdzv_configs=rdzv.configs,
-        max_restarts=opts.max_restarts, monitor_interval=MONITOR_SLEEP_S, start_method="spawn",
-        local_addr=local_addr, signals_to_handle=HANDLED_SIGNALS,
+        rdzv_endpoint=rdzv.endpoint,
+        rdzv_backend=rdzv.backend,
+        rdzv_configs=rdzv.configs,
+        max_restarts=opts.max_restarts,
+        monitor_interval=MONITOR_SLEEP_S,
+        start_method="spawn",
+        local_addr=local_addr,
+        signals_to_handle=HANDLED_SIGNALS,
         shutdown_timeout=opts.shutdown_timeout_s,
         log_line_prefix_template=LINE_PREFIX if opts.tee else None,
-    )  # fmt: skip
+    )
 
 
 def worker_env(ctx: NodeContext, rdzv: str, attempt: int | None = None) -> dict[str, str]:
@@ -366,9 +436,10 @@ def stale_local_checkpoints(ctx: NodeContext, base: Path | None = None) -> list[
     current = local_checkpoints(ctx, base)
     prefix, suffix = _safe(f"hpclaunch-{ctx.job_id}-"), _safe(f"-{ctx.hostname}")
     return [
-        path for path in current.parent.glob(f"{prefix}*{suffix}")
+        path
+        for path in current.parent.glob(f"{prefix}*{suffix}")
         if path != current and path.name[len(prefix) : -len(suffix)].isdigit()
-    ]  # fmt: skip
+    ]
 
 
 def _safe(name: str) -> str:

@@ -141,12 +141,20 @@ def slurm_signals_step() -> bool:
         return False
     if not _proctrack:
         try:
-            out = subprocess.run(["scontrol", "show", "config"], capture_output=True,
-                                 text=True, timeout=10, check=True).stdout  # fmt: skip
+            out = subprocess.run(
+                ["scontrol", "show", "config"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
-        found = [line.split("=", 1)[1].strip() for line in out.splitlines()
-                 if line.split("=", 1)[0].strip() == "ProctrackType"]  # fmt: skip
+        found = [
+            line.split("=", 1)[1].strip()
+            for line in out.splitlines()
+            if line.split("=", 1)[0].strip() == "ProctrackType"
+        ]
         _proctrack.append(found[0] if found else "")
     return _proctrack[0] in WHOLE_STEP_PROCTRACK
 

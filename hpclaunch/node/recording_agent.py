@@ -74,12 +74,19 @@ class RecordingAgent(LocalElasticAgent):
     and fails the attempt, as a crash would."""
 
     def __init__(
-        self, spec: WorkerSpec, logs_specs: LogsSpecs, *,
-        worker_env: WorkerEnv, signals: Iterable[signal.Signals],
-        on_failure: OnFailure | None = None, monitor_wait_s: float = 0.1,
+        self,
+        spec: WorkerSpec,
+        logs_specs: LogsSpecs,
+        *,
+        worker_env: WorkerEnv,
+        signals: Iterable[signal.Signals],
+        on_failure: OnFailure | None = None,
+        monitor_wait_s: float = 0.1,
         start_processes: StartProcesses = torch_start_processes,
-        sweeper: Sweeper | None = None, hangs: Watch | None = None, **torch_options: Any,
-    ) -> None:  # fmt: skip
+        sweeper: Sweeper | None = None,
+        hangs: Watch | None = None,
+        **torch_options: Any,
+    ) -> None:
         super().__init__(spec, logs_specs, **torch_options)
         self._worker_env = worker_env
         self._signals = tuple(signals)
@@ -116,9 +123,12 @@ class RecordingAgent(LocalElasticAgent):
                 error = None
             restarts_left = error is not None and self._remaining_restarts > 0
             if restarts_left and self._same_everywhere(worker_group, str(error)):
-                log.error("every worker of attempt %d failed with the same error (%s): a bug "
-                          "in the script, which restarting would not mend; not restarting",
-                          self.attempt, error)  # fmt: skip
+                log.error(
+                    "every worker of attempt %d failed with the same error (%s): a bug "
+                    "in the script, which restarting would not mend; not restarting",
+                    self.attempt,
+                    error,
+                )
                 self._remaining_restarts = 0
         return result
 
@@ -137,8 +147,12 @@ class RecordingAgent(LocalElasticAgent):
             return {}
         log.error("the workers hung: %s; reading their stacks, then restarting them", hang.reason)
         report = self._hangs.diagnose(hang)
-        log.error("hang report in %s (named: %s, %s)", report.stacks,
-                  ",".join(map(str, report.culprits)) or "none", report.how)  # fmt: skip
+        log.error(
+            "hang report in %s (named: %s, %s)",
+            report.stacks,
+            ",".join(map(str, report.culprits)) or "none",
+            report.how,
+        )
         self._workers_ended(DEFER_S)  # the other nodes read their stacks meanwhile
         killed = {s.rank for s in hang.seen if s.local_rank not in self._exit_codes()}
         for pid in pids.values():
@@ -154,9 +168,11 @@ class RecordingAgent(LocalElasticAgent):
             return
         self._hung_first += 1
         if self._hung_first >= HANGS_TO_BAD_NODE and self._remaining_restarts > 0:
-            log.error("hangs began on this node %d times: not restarting its workers again; "
-                      "the job is requeued without this node where the supervisor can",
-                      self._hung_first)  # fmt: skip
+            log.error(
+                "hangs began on this node %d times: not restarting its workers again; "
+                "the job is requeued without this node where the supervisor can",
+                self._hung_first,
+            )
             self._remaining_restarts = 0
 
     def _same_everywhere(self, group: WorkerGroup, error: str) -> bool:
@@ -239,8 +255,9 @@ class RecordingAgent(LocalElasticAgent):
             self._hangs.note()
         if death_sig in _received and self._pcontext is not None and procs.slurm_signals_step():
             if not self._workers_ended(timeout):
-                log.warning("workers still running %d s after %s; sending SIGKILL", timeout,
-                            death_sig.name)  # fmt: skip
+                log.warning(
+                    "workers still running %d s after %s; sending SIGKILL", timeout, death_sig.name
+                )
             stop_notes.killed_by(death_sig, self._exit_codes())
             death_sig = signal.SIGKILL  # reaches only the workers still running
         super()._shutdown(death_sig, timeout)
@@ -301,12 +318,17 @@ class RecordingAgent(LocalElasticAgent):
         if spec.entrypoint is None:
             raise AssertionError("the worker spec has no entrypoint")
         self._pcontext = self._start_processes(
-            name=spec.role, entrypoint=spec.entrypoint, args=args, envs=envs,
-            logs_specs=self._logs_specs, log_line_prefixes=prefixes,
-            start_method=self._start_method, numa_options=spec.numa_options,
+            name=spec.role,
+            entrypoint=spec.entrypoint,
+            args=args,
+            envs=envs,
+            logs_specs=self._logs_specs,
+            log_line_prefixes=prefixes,
+            start_method=self._start_method,
+            numa_options=spec.numa_options,
             duplicate_stdout_filters=spec.duplicate_stdout_filters,
             duplicate_stderr_filters=spec.duplicate_stderr_filters,
-        )  # fmt: skip
+        )
         self._handle_signals()  # again: torch's process context put its own in at start
         return self._pcontext.pids()
 
@@ -349,16 +371,27 @@ class RecordingAgent(LocalElasticAgent):
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv(
                     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
                 ),
-            }  # fmt: skip
+            }
             self._set_local_rank_env(env, local_rank, spec)
-            env.update(slurm_task_view(
-                os.environ, rank=worker.global_rank, local_rank=local_rank,
-                world_size=worker.world_size or 0, local_world_size=spec.local_world_size,
-                node_rank=worker_group.group_rank or 0, nodes=worker_group.group_world_size or 1,
-                node_ranks=node_ranks,
-            ))  # fmt: skip
-            env.update(lightning_size(os.environ, nodes=worker_group.group_world_size or 1,
-                                      local_world_size=spec.local_world_size))  # fmt: skip
+            env.update(
+                slurm_task_view(
+                    os.environ,
+                    rank=worker.global_rank,
+                    local_rank=local_rank,
+                    world_size=worker.world_size or 0,
+                    local_world_size=spec.local_world_size,
+                    node_rank=worker_group.group_rank or 0,
+                    nodes=worker_group.group_world_size or 1,
+                    node_ranks=node_ranks,
+                )
+            )
+            env.update(
+                lightning_size(
+                    os.environ,
+                    nodes=worker_group.group_world_size or 1,
+                    local_world_size=spec.local_world_size,
+                )
+            )
             if "OMP_NUM_THREADS" in os.environ:
                 env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
             if prefixes is not None:

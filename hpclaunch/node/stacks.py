@@ -56,9 +56,12 @@ def py_spy() -> str | None:
 
 
 def read(
-    pids: Mapping[int, int], stopped: Iterable[int], signal_files: Mapping[int, str],
-    timeout_s: float = READ_TIMEOUT_S, spy: str | None = "",
-) -> dict[int, str]:  # fmt: skip
+    pids: Mapping[int, int],
+    stopped: Iterable[int],
+    signal_files: Mapping[int, str],
+    timeout_s: float = READ_TIMEOUT_S,
+    spy: str | None = "",
+) -> dict[int, str]:
     """rank -> its raw stack text, for the ranks ``pids`` names (rank -> pid). Through
     py-spy (``spy``; "": found by ``py_spy``, None: not used); else each rank in
     ``signal_files`` (rank -> the file its handler writes to) is sent ``stack_signal()``,
@@ -134,9 +137,11 @@ def _written(
             size = _size(path)
             if size != seen[rank][0]:
                 seen[rank] = (size, now)
-        if all((seen[r][0] > before and now - seen[r][1] >= _SETTLE_S)
-               or procs.state(pids[r]) in ("", "Z", "T")
-               for r, (_, before) in asked.items()):  # fmt: skip
+        if all(
+            (seen[r][0] > before and now - seen[r][1] >= _SETTLE_S)
+            or procs.state(pids[r]) in ("", "Z", "T")
+            for r, (_, before) in asked.items()
+        ):
             break
         time.sleep(0.05)
     out = {}

@@ -26,8 +26,9 @@ def killed_by(sig: signal.Signals, codes: Mapping[int, int]) -> None:
         "a requeued run resumes from the last checkpoint there is, if any. Catch it: "
         "hpclaunch.checkpoint.Preemption, or for Lightning "
         "hpclaunch.frameworks.lightning.StopCheckpoint (docs/bring-your-script.md)",
-        ",".join(map(str, killed)), sig.name,
-    )  # fmt: skip
+        ",".join(map(str, killed)),
+        sig.name,
+    )
 
 
 def uncaught() -> signal.Signals | None:

@@ -84,9 +84,12 @@ def leftovers(
 
 
 def adopted_zombies(
-    table: Iterable[Proc], agent: int, session: int, spared: Collection[int] = (),
+    table: Iterable[Proc],
+    agent: int,
+    session: int,
+    spared: Collection[int] = (),
     owned: Collection[int] = (),
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """The ended children of ``agent`` that the agent may reap: outside its ``session``
     (where its own children are, their status read by their owner), neither ``spared``
     nor ``owned`` (its own children outside its session whose status torch reads: its
@@ -94,9 +97,12 @@ def adopted_zombies(
     return sorted(
         p.pid
         for p in table
-        if p.ppid == agent and p.zombie and p.session != session
-        and p.pid not in spared and p.pid not in owned
-    )  # fmt: skip
+        if p.ppid == agent
+        and p.zombie
+        and p.session != session
+        and p.pid not in spared
+        and p.pid not in owned
+    )
 
 
 def kill_wait(left_s: float, passes_left: int) -> float:
@@ -107,9 +113,11 @@ def kill_wait(left_s: float, passes_left: int) -> float:
 
 
 def outcome(
-    termed: Collection[int], killed: Collection[int], left: list[tuple[int, str]],
+    termed: Collection[int],
+    killed: Collection[int],
+    left: list[tuple[int, str]],
     grace_s: float,
-) -> list[tuple[int, str]]:  # fmt: skip
+) -> list[tuple[int, str]]:
     """The log lines (level, text) that end a sweep: ``termed`` got SIGTERM, ``killed``
     SIGKILL (some of them found only after the SIGTERM: started meanwhile), ``left``
     (pid, command) still run as the sweep ends (pure)."""
@@ -126,10 +134,12 @@ def outcome(
         lines.append((logging.ERROR, f"still running after SIGKILL: {describe(stuck)}"))
     unsignalled = [(pid, command) for pid, command in left if pid not in killed]
     if unsignalled:
-        lines.append((
-            logging.ERROR,
-            f"started after the last SIGKILL, left running: {describe(unsignalled)}",
-        ))  # fmt: skip
+        lines.append(
+            (
+                logging.ERROR,
+                f"started after the last SIGKILL, left running: {describe(unsignalled)}",
+            )
+        )
     return lines
 
 
@@ -278,9 +288,12 @@ class Sweeper:
         found = [(t.proc.pid, procs.command_line(t.proc.pid)) for t in targets]
         log.info(
             "ending %d %s the workers left running %s (SIGTERM, SIGKILL after %g s): %s",
-            len(found), "process" if len(found) == 1 else "processes", when, self.grace_s,
+            len(found),
+            "process" if len(found) == 1 else "processes",
+            when,
+            self.grace_s,
             describe(found),
-        )  # fmt: skip
+        )
         termed = {t.proc.pid for t in targets}
         for target in targets:
             target.send(signal.SIGTERM)

@@ -60,14 +60,22 @@ WORKER_VARS: tuple[WorkerVar, ...] = (
 
 
 def build(
-    job_id: int, requeue_count: int, node_rank: int, attempt: int | None,
-    backend_vars: Mapping[str, str], local_checkpoints: str,
-) -> dict[str, str]:  # fmt: skip
+    job_id: int,
+    requeue_count: int,
+    node_rank: int,
+    attempt: int | None,
+    backend_vars: Mapping[str, str],
+    local_checkpoints: str,
+) -> dict[str, str]:
     """The agent's part of the worker environment (``SetBy.AGENT``), then what the
     rendezvous backend needs (``backend_vars``). ``attempt`` None: before any round
     (what ``hpclaunch agent --dry-run`` shows), so no ``HPCLAUNCH_ATTEMPT``."""
-    env = {JOB_ID: str(job_id), REQUEUE_COUNT: str(requeue_count), NODE_RANK: str(node_rank),
-           LOCAL_CHECKPOINT_DIR: local_checkpoints}  # fmt: skip
+    env = {
+        JOB_ID: str(job_id),
+        REQUEUE_COUNT: str(requeue_count),
+        NODE_RANK: str(node_rank),
+        LOCAL_CHECKPOINT_DIR: local_checkpoints,
+    }
     if attempt is not None:
         env[ATTEMPT] = str(attempt)
     return {**env, **backend_vars}
@@ -80,16 +88,32 @@ def build(
 # view instead; the agent's values stay under AGENT_PREFIX + the name.
 AGENT_PREFIX = "HPCLAUNCH_AGENT_"
 SLURM_TASK_VARS = (
-    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS",
-    "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_GTIDS",
-    "SLURM_NODEID", "SLURM_NNODES", "SLURM_STEP_NUM_NODES",
-)  # fmt: skip
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_GTIDS",
+    "SLURM_NODEID",
+    "SLURM_NNODES",
+    "SLURM_STEP_NUM_NODES",
+)
 
 
 def slurm_task_view(
-    agent_env: Mapping[str, str], *, rank: int, local_rank: int, world_size: int,
-    local_world_size: int, node_rank: int, nodes: int, node_ranks: list[int],
-) -> dict[str, str]:  # fmt: skip
+    agent_env: Mapping[str, str],
+    *,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    local_world_size: int,
+    node_rank: int,
+    nodes: int,
+    node_ranks: list[int],
+) -> dict[str, str]:
     """The SLURM task variables of one worker: what srun would have set had it started
     every worker as a task (``rank`` of ``world_size``, ``local_rank`` of
     ``local_world_size`` on node ``node_rank`` of the round's ``nodes``; this node's ranks
@@ -100,9 +124,20 @@ def slurm_task_view(
     if "SLURM_PROCID" not in agent_env:
         return {}
     per_node = f"{local_world_size}(x{nodes})" if nodes > 1 else str(local_world_size)
-    values = (rank, local_rank, world_size, world_size, world_size, local_world_size,
-              per_node, per_node, ",".join(str(r) for r in node_ranks), node_rank, nodes,
-              nodes)  # fmt: skip
+    values = (
+        rank,
+        local_rank,
+        world_size,
+        world_size,
+        world_size,
+        local_world_size,
+        per_node,
+        per_node,
+        ",".join(str(r) for r in node_ranks),
+        node_rank,
+        nodes,
+        nodes,
+    )
     view = {name: str(value) for name, value in zip(SLURM_TASK_VARS, values, strict=True)}
     kept = {AGENT_PREFIX + name: agent_env[name] for name in SLURM_TASK_VARS if name in agent_env}
     return {**view, **kept}

@@ -27,15 +27,24 @@ from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.slurm.commands import Slurm
 
 _PER_JOB_LIMITS = (
-    "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit",
-    "QOSMaxGRESPerJob", "AssocMaxNodesPerJobLimit", "AssocMaxWallDurationPerJobLimit",
+    "QOSMaxNodePerJobLimit",
+    "QOSMaxWallDurationPerJobLimit",
+    "QOSMaxCpuPerJobLimit",
+    "QOSMaxGRESPerJob",
+    "AssocMaxNodesPerJobLimit",
+    "AssocMaxWallDurationPerJobLimit",
     "AssocMaxCpuPerJobLimit",
-)  # fmt: skip
+)
 # The reasons that may be final, and whether SLURM's partition record is needed to tell.
 NEVER_REASONS = (
-    "PartitionNodeLimit", "PartitionTimeLimit", "DependencyNeverSatisfied", "BadConstraints",
-    "InvalidAccount", "InvalidQOS", *_PER_JOB_LIMITS,
-)  # fmt: skip
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "DependencyNeverSatisfied",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    *_PER_JOB_LIMITS,
+)
 
 
 class NeverStarts(HpclaunchError):
@@ -77,14 +86,20 @@ def explain(reason: str | None, job: Mapping[str, str], part: Mapping[str, str])
         return f"{why}; submit again with --nodes within it" if why else None
     if reason == "PartitionTimeLimit":
         limit = part.get("MaxTime", "?")
-        return (f"its time limit {job.get('TimeLimit', '?')} is over partition {name}'s "
-                f"{limit} (MaxTime); submit again with --time {limit} or less")  # fmt: skip
+        return (
+            f"its time limit {job.get('TimeLimit', '?')} is over partition {name}'s "
+            f"{limit} (MaxTime); submit again with --time {limit} or less"
+        )
     if reason == "DependencyNeverSatisfied":
-        return (f"its dependency {job.get('Dependency', '?')} can never hold (a job it waits "
-                "for ended the wrong way)")  # fmt: skip
+        return (
+            f"its dependency {job.get('Dependency', '?')} can never hold (a job it waits "
+            "for ended the wrong way)"
+        )
     if reason == "BadConstraints":
-        return (f"no node of partition {name} has the features it asks for "
-                f"({job.get('Features', '?')}); check --constraint")  # fmt: skip
+        return (
+            f"no node of partition {name} has the features it asks for "
+            f"({job.get('Features', '?')}); check --constraint"
+        )
     if reason in ("InvalidAccount", "InvalidQOS"):
         what = "account" if reason == "InvalidAccount" else "QOS"
         value = job.get("Account" if what == "account" else "QOS", "?")

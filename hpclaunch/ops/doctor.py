@@ -41,9 +41,13 @@ def commands(found: Mapping[str, str | None]) -> Finding:
     """``found``: each SLURM command and where PATH has it (None: missing)."""
     missing = [name for name in COMMANDS if not found.get(name)]
     if missing:
-        return Finding("commands", Verdict.PROBLEM, f"{', '.join(missing)} not on PATH",
-                       "run hpclaunch on a login node of the cluster, or load SLURM's "
-                       "module (e.g. `module load slurm`)")  # fmt: skip
+        return Finding(
+            "commands",
+            Verdict.PROBLEM,
+            f"{', '.join(missing)} not on PATH",
+            "run hpclaunch on a login node of the cluster, or load SLURM's "
+            "module (e.g. `module load slurm`)",
+        )
     folders = sorted({str(found[name]).rsplit("/", 1)[0] for name in COMMANDS})
     return Finding("commands", Verdict.OK, f"{', '.join(COMMANDS)} in {', '.join(folders)}")
 
@@ -51,9 +55,12 @@ def commands(found: Mapping[str, str | None]) -> Finding:
 def slurm_conf(value: str | None, exists: bool) -> Finding | None:
     """A SLURM_CONF that names no file (SLURM would retry for a minute, then fail)."""
     if value is not None and not exists:
-        return Finding("controller", Verdict.PROBLEM,
-                       f"SLURM_CONF={value} is not a file",
-                       "point SLURM_CONF at the cluster's slurm.conf, or unset it")  # fmt: skip
+        return Finding(
+            "controller",
+            Verdict.PROBLEM,
+            f"SLURM_CONF={value} is not a file",
+            "point SLURM_CONF at the cluster's slurm.conf, or unset it",
+        )
     return None
 
 
@@ -64,14 +71,19 @@ def controller(conf: str | None, returncode: int, stdout: str, stderr: str) -> F
         return Finding("controller", Verdict.OK, f"{stdout.strip()} ({where})")
     text = (stderr.strip() or stdout.strip() or "no answer").splitlines()
     if "configuration source" in stderr or "DNS SRV" in stderr:
-        return Finding("controller", Verdict.PROBLEM,
-                       "SLURM found no slurm.conf (SLURM_CONF is unset, there is none in its "
-                       "default place, and no DNS SRV record names the controller)",
-                       "export SLURM_CONF=/path/to/slurm.conf (ask your admins where "
-                       "it is)")  # fmt: skip
-    return Finding("controller", Verdict.PROBLEM, f"scontrol ping: {text[-1]} ({where})",
-                   "check that slurmctld runs and that this machine can reach it "
-                   "(`scontrol ping`)")  # fmt: skip
+        return Finding(
+            "controller",
+            Verdict.PROBLEM,
+            "SLURM found no slurm.conf (SLURM_CONF is unset, there is none in its "
+            "default place, and no DNS SRV record names the controller)",
+            "export SLURM_CONF=/path/to/slurm.conf (ask your admins where it is)",
+        )
+    return Finding(
+        "controller",
+        Verdict.PROBLEM,
+        f"scontrol ping: {text[-1]} ({where})",
+        "check that slurmctld runs and that this machine can reach it (`scontrol ping`)",
+    )
 
 
 def parse_partitions(text: str) -> dict[str, dict[str, str]]:
@@ -95,22 +107,29 @@ def partition(wanted: str | None, text: str, min_nodes: int) -> Finding:
     if wanted is None:
         default = [n for n, f in parts.items() if f.get("Default") == "YES"]
         if not default:
-            return Finding("partition", Verdict.PROBLEM,
-                           f"no partition given and the cluster has no default ({listing})",
-                           "give --partition, or partition in the profile")  # fmt: skip
+            return Finding(
+                "partition",
+                Verdict.PROBLEM,
+                f"no partition given and the cluster has no default ({listing})",
+                "give --partition, or partition in the profile",
+            )
         wanted = default[0]
     if wanted not in parts:
-        return Finding("partition", Verdict.PROBLEM,
-                       f"{wanted!r} does not exist; the partitions here are {listing or 'none'} "
-                       "(* the default)",
-                       "give one of these with --partition, or as partition in the "
-                       "profile")  # fmt: skip
+        return Finding(
+            "partition",
+            Verdict.PROBLEM,
+            f"{wanted!r} does not exist; the partitions here are {listing or 'none'} "
+            "(* the default)",
+            "give one of these with --partition, or as partition in the profile",
+        )
     fields = parts[wanted]
     total = _limit(fields.get("TotalNodes", ""))
     max_nodes = _limit(fields.get("MaxNodes", ""))
-    shown = (f"{wanted!r}: {fields.get('TotalNodes', '?')} nodes ({fields.get('Nodes', '?')}), "
-             f"MaxNodes={fields.get('MaxNodes', '?')}, MaxTime={fields.get('MaxTime', '?')}, "
-             f"State={fields.get('State', '?')}")  # fmt: skip
+    shown = (
+        f"{wanted!r}: {fields.get('TotalNodes', '?')} nodes ({fields.get('Nodes', '?')}), "
+        f"MaxNodes={fields.get('MaxNodes', '?')}, MaxTime={fields.get('MaxTime', '?')}, "
+        f"State={fields.get('State', '?')}"
+    )
     if fields.get("State", "UP") != "UP":
         return Finding(
             "partition",
@@ -120,9 +139,12 @@ def partition(wanted: str | None, text: str, min_nodes: int) -> Finding:
         )
     cap = min(x for x in (total, max_nodes, min_nodes) if x is not None)
     if cap < min_nodes:
-        return Finding("partition", Verdict.PROBLEM,
-                       f"{shown}; the job asks for {min_nodes} nodes and could never start",
-                       f"ask for at most {cap} nodes (--nodes)")  # fmt: skip
+        return Finding(
+            "partition",
+            Verdict.PROBLEM,
+            f"{shown}; the job asks for {min_nodes} nodes and could never start",
+            f"ask for at most {cap} nodes (--nodes)",
+        )
     return Finding("partition", Verdict.OK, shown)
 
 
@@ -137,10 +159,13 @@ def test_only(returncode: int, stderr: str, gpus: int, directive: str) -> Findin
     lowered = stderr.lower()
     if gpus and ("gres" in lowered or "gpu" in lowered or "node configuration" in lowered):
         other = "gres" if directive == "gpus-per-node" else "gpus-per-node"
-        fix = (f"the partition's nodes may have fewer GPUs, or the cluster may want "
-               f"gpu_directive = {other!r} in the profile")  # fmt: skip
-    return Finding("job script", Verdict.PROBLEM, f"sbatch --test-only refuses it ({asked}): "
-                   f"{last}", fix)  # fmt: skip
+        fix = (
+            f"the partition's nodes may have fewer GPUs, or the cluster may want "
+            f"gpu_directive = {other!r} in the profile"
+        )
+    return Finding(
+        "job script", Verdict.PROBLEM, f"sbatch --test-only refuses it ({asked}): {last}", fix
+    )
 
 
 def requeue(config: str, partition_fields: Mapping[str, str], max_requeues: int) -> Finding:
@@ -156,16 +181,22 @@ def requeue(config: str, partition_fields: Mapping[str, str], max_requeues: int)
     if cap is not None:
         notes.append(f"MaxBatchRequeue={cap}")
         if cap < max_requeues:
-            return Finding("requeue", Verdict.PROBLEM,
-                           f"{', '.join(notes)}: SLURM holds the job after {cap} requeues, "
-                           f"before the supervisor's {max_requeues}",
-                           f"set max_requeues = {cap} or lower")  # fmt: skip
+            return Finding(
+                "requeue",
+                Verdict.PROBLEM,
+                f"{', '.join(notes)}: SLURM holds the job after {cap} requeues, "
+                f"before the supervisor's {max_requeues}",
+                f"set max_requeues = {cap} or lower",
+            )
     mode = partition_fields.get("PreemptMode") or conf.get("PreemptMode", "?")
     notes.append(f"PreemptMode={mode}")
     if "CANCEL" in mode.upper():
-        return Finding("requeue", Verdict.WARN,
-                       f"{', '.join(notes)}: a preempted job is cancelled, not requeued",
-                       "use a partition whose PreemptMode is REQUEUE for long jobs")  # fmt: skip
+        return Finding(
+            "requeue",
+            Verdict.WARN,
+            f"{', '.join(notes)}: a preempted job is cancelled, not requeued",
+            "use a partition whose PreemptMode is REQUEUE for long jobs",
+        )
     return Finding("requeue", Verdict.OK, ", ".join(notes))
 
 
@@ -187,9 +218,12 @@ def allocation(returncode: int, stderr: str) -> Finding | None:
     if returncode == 0:
         return None
     last = (stderr.strip().splitlines() or ["no answer"])[-1]
-    return Finding("nodes", Verdict.WARN, f"no node to look at: {last}",
-                   "run again when the partition has an idle node, or skip with "
-                   "--no-allocate")  # fmt: skip
+    return Finding(
+        "nodes",
+        Verdict.WARN,
+        f"no node to look at: {last}",
+        "run again when the partition has an idle node, or skip with --no-allocate",
+    )
 
 
 def on_nodes(probe: Mapping[str, str], launcher: Sequence[str], version: str) -> Finding:
@@ -198,26 +232,37 @@ def on_nodes(probe: Mapping[str, str], launcher: Sequence[str], version: str) ->
     answer = probe.get("version", "")
     command = " ".join(launcher)
     if not where:
-        return Finding("hpclaunch on nodes", Verdict.PROBLEM,
-                       f"`hpclaunch` is not on PATH on {probe.get('host', 'the node')}",
-                       "install hpclaunch where the nodes see it (a shared venv) and activate "
-                       "it in a setup line")  # fmt: skip
+        return Finding(
+            "hpclaunch on nodes",
+            Verdict.PROBLEM,
+            f"`hpclaunch` is not on PATH on {probe.get('host', 'the node')}",
+            "install hpclaunch where the nodes see it (a shared venv) and activate "
+            "it in a setup line",
+        )
     if not answer.endswith(version):
-        return Finding("hpclaunch on nodes", Verdict.PROBLEM,
-                       f"`{command} --version` on the node printed {answer!r}, not {version}",
-                       "install the same hpclaunch on the nodes as here")  # fmt: skip
-    return Finding("hpclaunch on nodes", Verdict.OK,
-                   f"{where} on {probe.get('host', 'the node')}; `{command} --version`: "
-                   f"{answer}")  # fmt: skip
+        return Finding(
+            "hpclaunch on nodes",
+            Verdict.PROBLEM,
+            f"`{command} --version` on the node printed {answer!r}, not {version}",
+            "install the same hpclaunch on the nodes as here",
+        )
+    return Finding(
+        "hpclaunch on nodes",
+        Verdict.OK,
+        f"{where} on {probe.get('host', 'the node')}; `{command} --version`: {answer}",
+    )
 
 
 def shared(folder: str, marker: str, probe: Mapping[str, str]) -> Finding:
     """Whether a node read the marker this machine wrote into the log folder."""
     seen = probe.get("marker", "")
     if seen == marker:
-        return Finding("log folder", Verdict.OK,
-                       f"{folder} is shared: {probe.get('host', 'a node')} read this machine's "
-                       f"marker ({probe.get('fs', '?')})")  # fmt: skip
+        return Finding(
+            "log folder",
+            Verdict.OK,
+            f"{folder} is shared: {probe.get('host', 'a node')} read this machine's "
+            f"marker ({probe.get('fs', '?')})",
+        )
     return Finding(
         "log folder",
         Verdict.PROBLEM,
@@ -236,6 +281,8 @@ def filesystem(folder: str, fs_type: str) -> Finding:
             f"{folder} is on {fs_type}, which the nodes cannot see",
             "give --log-dir (or log_dir) a folder on a shared filesystem",
         )
-    return Finding("log folder", Verdict.WARN,
-                   f"{folder} is on {fs_type or 'an unknown filesystem'}; not checked from a "
-                   "node")  # fmt: skip
+    return Finding(
+        "log folder",
+        Verdict.WARN,
+        f"{folder} is on {fs_type or 'an unknown filesystem'}; not checked from a node",
+    )

@@ -23,14 +23,16 @@ IMMEDIATE_S = 60  # srun --immediate: give up on a node after this long
 MARKER = ".hpclaunch-doctor"
 
 
-def _ask(slurm: Slurm, argv: Sequence[str], cwd: Path | None = None,
-         timeout_s: float | None = None) -> CommandResult:  # fmt: skip
+def _ask(
+    slurm: Slurm, argv: Sequence[str], cwd: Path | None = None, timeout_s: float | None = None
+) -> CommandResult:
     """Run a SLURM command; a non-zero exit is an answer. Raises SlurmError (timeout)."""
     return slurm.runner(argv, timeout_s=timeout_s or slurm.timeout_s, cwd=cwd, env=slurm.env)
 
 
-def run(slurm: Slurm, env: dict[str, str], cwd: Path, resolved: Resolved,
-        allocate: bool) -> Iterator[Finding]:  # fmt: skip
+def run(
+    slurm: Slurm, env: dict[str, str], cwd: Path, resolved: Resolved, allocate: bool
+) -> Iterator[Finding]:
     """Every check's finding, in order."""
     path = env.get("PATH", "")
     found = {name: shutil.which(name, path=path) for name in doctor.COMMANDS}
@@ -82,8 +84,9 @@ def _test_only(slurm: Slurm, cwd: Path, resolved: Resolved) -> Finding:
         script = Path(folder) / "job.sh"
         script.write_text(text)
         done = _ask(slurm, ("sbatch", "--test-only", str(script)), cwd=cwd)
-    return doctor.test_only(done.returncode, done.stderr, spec.gpus_per_node,
-                            spec.gpu_directive.value)  # fmt: skip
+    return doctor.test_only(
+        done.returncode, done.stderr, spec.gpus_per_node, spec.gpu_directive.value
+    )
 
 
 def _node(slurm: Slurm, cwd: Path, resolved: Resolved, allocate: bool) -> Iterator[Finding]:
@@ -93,8 +96,12 @@ def _node(slurm: Slurm, cwd: Path, resolved: Resolved, allocate: bool) -> Iterat
     try:
         folder.mkdir(parents=True, exist_ok=True)  # hpclaunch sbatch makes it too
     except OSError as exc:
-        yield Finding("log folder", Verdict.PROBLEM, f"cannot create {folder}: {exc.strerror}",
-                      "give --log-dir (or log_dir) a folder you can write")  # fmt: skip
+        yield Finding(
+            "log folder",
+            Verdict.PROBLEM,
+            f"cannot create {folder}: {exc.strerror}",
+            "give --log-dir (or log_dir) a folder you can write",
+        )
         return
     fs = _fs_type(folder)
     if not allocate:
@@ -105,8 +112,12 @@ def _node(slurm: Slurm, cwd: Path, resolved: Resolved, allocate: bool) -> Iterat
     try:
         (folder / MARKER).write_text(marker + "\n")
     except OSError as exc:
-        yield Finding("log folder", Verdict.PROBLEM, f"cannot write in {folder}: {exc.strerror}",
-                      "give --log-dir (or log_dir) a folder you can write")  # fmt: skip
+        yield Finding(
+            "log folder",
+            Verdict.PROBLEM,
+            f"cannot write in {folder}: {exc.strerror}",
+            "give --log-dir (or log_dir) a folder you can write",
+        )
         return
     try:
         done = _ask(slurm, _srun(resolved, folder / MARKER), cwd=cwd, timeout_s=PROBE_TIMEOUT_S)
@@ -128,8 +139,13 @@ def _node(slurm: Slurm, cwd: Path, resolved: Resolved, allocate: bool) -> Iterat
 def _fs_type(folder: Path) -> str:
     """The filesystem type of ``folder`` (``stat -f``); "" when stat cannot tell."""
     try:
-        done = subprocess.run(["stat", "-f", "-c", "%T", str(folder)], capture_output=True,
-                              text=True, timeout=10, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip()
@@ -139,19 +155,31 @@ def _srun(resolved: Resolved, marker: Path) -> list[str]:
     """One task on one node, running the job's setup lines first, as the job would."""
     spec = resolved.spec
     launcher = shlex.join(spec.launcher)
-    script = "\n".join([
-        *spec.setup,
-        "echo @@host; hostname",
-        "echo @@which; command -v hpclaunch",
-        f"echo @@version; {launcher} --version 2>&1",
-        f"echo @@marker; cat -- {shlex.quote(str(marker))} 2>&1",
-        f"echo @@fs; stat -f -c %T -- {shlex.quote(str(marker.parent))}",
-        "exit 0",
-    ])  # fmt: skip
-    argv = ["srun", "--nodes=1", "--ntasks=1", f"--immediate={IMMEDIATE_S}", "--time=2",
-            "--job-name=hpclaunch-doctor"]  # fmt: skip
-    for option, value in (("partition", spec.partition), ("account", spec.account),
-                          ("qos", spec.qos), ("constraint", spec.constraint)):  # fmt: skip
+    script = "\n".join(
+        [
+            *spec.setup,
+            "echo @@host; hostname",
+            "echo @@which; command -v hpclaunch",
+            f"echo @@version; {launcher} --version 2>&1",
+            f"echo @@marker; cat -- {shlex.quote(str(marker))} 2>&1",
+            f"echo @@fs; stat -f -c %T -- {shlex.quote(str(marker.parent))}",
+            "exit 0",
+        ]
+    )
+    argv = [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--immediate={IMMEDIATE_S}",
+        "--time=2",
+        "--job-name=hpclaunch-doctor",
+    ]
+    for option, value in (
+        ("partition", spec.partition),
+        ("account", spec.account),
+        ("qos", spec.qos),
+        ("constraint", spec.constraint),
+    ):
         if value is not None:
             argv.append(f"--{option}={value}")
     return [*argv, "bash", "-c", script]

@@ -35,6 +35,15 @@ def latest(env: Mapping[str, str], slurm: Slurm | None, last: int) -> list[Liste
         if found.slurm_unreachable:
             slurm = None
         nodes = compress(found.nodes) if found.nodes else None
-        rows.append(ListedJob(entry.job_id, entry.name, found.state, nodes, found.requeues,
-                              entry.submitted, entry.job_dir))  # fmt: skip
+        rows.append(
+            ListedJob(
+                entry.job_id,
+                entry.name,
+                found.state,
+                nodes,
+                found.requeues,
+                entry.submitted,
+                entry.job_dir,
+            )
+        )
     return rows

@@ -152,8 +152,9 @@ def follow_logs(
     if not files(found) and found.job_state is JobState.PENDING:
         warn(f"hpclaunch: job {found.job_id} is pending; waiting for it to start")
     try:
-        last = follow.loop(look, lambda now: write(tail.read(files(now), headers)), sleep,
-                           first=found)  # fmt: skip
+        last = follow.loop(
+            look, lambda now: write(tail.read(files(now), headers)), sleep, first=found
+        )
     except follow.LostTrack as lost:
         warn(f"hpclaunch: lost track of job {found.job_id}'s state: " + "; ".join(lost.last.notes))
         last = lost.last

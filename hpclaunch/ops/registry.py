@@ -41,8 +41,12 @@ class Entry:
             raise ValueError("not an object")
         known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         entry = cls(**known)
-        checks = ((entry.job_id, int), (entry.job_dir, str), (entry.name, str),
-                  (entry.submitted, (int, float)))  # fmt: skip
+        checks = (
+            (entry.job_id, int),
+            (entry.job_dir, str),
+            (entry.name, str),
+            (entry.submitted, (int, float)),
+        )
         if any(isinstance(v, bool) or not isinstance(v, t) for v, t in checks):
             raise ValueError("a value of the wrong type")
         return entry

@@ -13,10 +13,15 @@ from hpclaunch.ops.status import JobStatus
 
 FORMATS = (".png", ".svg")
 COLOURS = {
-    "queue": "#bdbdbd", "startup": "#fdd835", "productive": "#43a047",
-    "checkpoint": "#1e88e5", "lost": "#e53935", "restarts": "#fb8c00",
-    "hangs": "#8e24aa", "shutdown": "#757575",
-}  # fmt: skip
+    "queue": "#bdbdbd",
+    "startup": "#fdd835",
+    "productive": "#43a047",
+    "checkpoint": "#1e88e5",
+    "lost": "#e53935",
+    "restarts": "#fb8c00",
+    "hangs": "#8e24aa",
+    "shutdown": "#757575",
+}
 
 
 class ReportError(HpclaunchError):
@@ -25,8 +30,10 @@ class ReportError(HpclaunchError):
 
 def text(status: JobStatus, found: Timeline | None) -> str:
     """The split, one part a line with its share, then one line per attempt."""
-    lines = [f"job {status.job_id}{f' ({status.name})' if status.name else ''}: "
-             f"{status.state or 'unknown'}"]  # fmt: skip
+    lines = [
+        f"job {status.job_id}{f' ({status.name})' if status.name else ''}: "
+        f"{status.state or 'unknown'}"
+    ]
     if found is None:
         return "\n".join([*lines, "  no run yet: nothing to split"])
     split = found.split
@@ -50,9 +57,11 @@ def _row(a: Attempt, zero: float) -> str:
         else None
     )
     rate = rate_of(a)
-    return (f"{a.requeue:<4} {a.attempt:<8} {at(a.began):<12} {at(a.first):<12} "
-            f"{at(a.last):<12} {steps if steps is not None else '-':<6} "
-            f"{f'{rate:.2f}' if rate else '-':<8} {at(a.ended)}")  # fmt: skip
+    return (
+        f"{a.requeue:<4} {a.attempt:<8} {at(a.began):<12} {at(a.first):<12} "
+        f"{at(a.last):<12} {steps if steps is not None else '-':<6} "
+        f"{f'{rate:.2f}' if rate else '-':<8} {at(a.ended)}"
+    )
 
 
 def rate_of(a: Attempt) -> float | None:
@@ -91,30 +100,53 @@ def draw(found: Timeline, output: Path, title: str) -> None:
     zero = found.split.submitted
     runs = sorted({s.requeue for s in found.segments if s.requeue >= 0})
     lane = {requeue: index for index, requeue in enumerate(runs)}
-    figure, (top, bottom) = pyplot.subplots(2, 1, figsize=(11, 2.2 + 0.6 * len(runs)),
-                                            sharex=True, height_ratios=[2, 1])  # fmt: skip
+    figure, (top, bottom) = pyplot.subplots(
+        2, 1, figsize=(11, 2.2 + 0.6 * len(runs)), sharex=True, height_ratios=[2, 1]
+    )
     for segment in found.segments:
         row = lane.get(segment.requeue, -1)
         span = [(segment.start - zero, segment.end - segment.start)]
-        top.broken_barh(span, (row - 0.4, 0.8), color=COLOURS[segment.part],
-                        gid=f"{segment.part}-{segment.requeue}")  # fmt: skip
+        top.broken_barh(
+            span,
+            (row - 0.4, 0.8),
+            color=COLOURS[segment.part],
+            gid=f"{segment.part}-{segment.requeue}",
+        )
     for save in found.saves:
-        mark = next((lane[s.requeue] for s in found.segments
-                    if s.requeue in lane and s.start <= save.called <= s.end), None)  # fmt: skip
+        mark = next(
+            (
+                lane[s.requeue]
+                for s in found.segments
+                if s.requeue in lane and s.start <= save.called <= s.end
+            ),
+            None,
+        )
         if mark is not None:
             top.plot([save.called - zero], [mark + 0.5], marker="v", color=COLOURS["checkpoint"])
     for attempt in found.attempts:
         if (attempt.requeue, attempt.attempt) in found.hung and attempt.last is not None:
-            top.plot([attempt.last - zero], [lane.get(attempt.requeue, 0) - 0.5], marker="x",
-                     color=COLOURS["hangs"])  # fmt: skip
+            top.plot(
+                [attempt.last - zero],
+                [lane.get(attempt.requeue, 0) - 0.5],
+                marker="x",
+                color=COLOURS["hangs"],
+            )
         rate = rate_of(attempt)
         if rate and attempt.first is not None and attempt.last is not None:
-            bottom.plot([attempt.first - zero, attempt.last - zero], [rate, rate],
-                        color=COLOURS["productive"])  # fmt: skip
+            bottom.plot(
+                [attempt.first - zero, attempt.last - zero],
+                [rate, rate],
+                color=COLOURS["productive"],
+            )
     top.set_yticks([-1, *lane.values()], ["queue", *(f"run {r}" for r in runs)])
     top.set_title(f"{title}: goodput {(found.split.ratio or 0) * 100:.1f} %")
-    top.legend(handles=[Patch(color=COLOURS[p], label=p) for p in PARTS], ncol=4,
-               fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.05))  # fmt: skip
+    top.legend(
+        handles=[Patch(color=COLOURS[p], label=p) for p in PARTS],
+        ncol=4,
+        fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(0, -0.05),
+    )
     bottom.set_ylabel("steps/s")
     bottom.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since submission")

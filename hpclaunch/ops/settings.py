@@ -159,8 +159,14 @@ def _slurm_env(setting: Setting, env: Mapping[str, str]) -> Setting:
     var = SLURM_ENV.get(setting.key)
     if var is None or var not in env:
         return setting
-    return Setting(setting.key, env[var], env[var], Kind.ENVIRONMENT,
-                   f"${var}: sbatch lets it override the #SBATCH line", setting)  # fmt: skip
+    return Setting(
+        setting.key,
+        env[var],
+        env[var],
+        Kind.ENVIRONMENT,
+        f"${var}: sbatch lets it override the #SBATCH line",
+        setting,
+    )
 
 
 def warnings(rows: list[Setting], env: Mapping[str, str]) -> list[str]:
@@ -191,8 +197,9 @@ def table(rows: list[Setting]) -> str:
         lines.append(f"{row.key:<{width_key}}  {row.text:<{width_value}}  {row.source}")
         if row.overridden is not None:
             was = row.overridden
-            lines.append(f"{'':<{width_key}}  {'':<{width_value}}  (instead of {was.text}: "
-                         f"{was.source})")  # fmt: skip
+            lines.append(
+                f"{'':<{width_key}}  {'':<{width_value}}  (instead of {was.text}: {was.source})"
+            )
     return "\n".join(lines)
 
 
@@ -202,8 +209,10 @@ def as_json(rows: list[Setting]) -> dict[str, Any]:
     for row in rows:
         entry: dict[str, Any] = {"value": row.value, "from": row.kind.value, "source": row.source}
         if row.overridden is not None:
-            entry["overrides"] = {"value": row.overridden.value,
-                                  "from": row.overridden.kind.value,
-                                  "source": row.overridden.source}  # fmt: skip
+            entry["overrides"] = {
+                "value": row.overridden.value,
+                "from": row.overridden.kind.value,
+                "source": row.overridden.source,
+            }
         out[row.key] = entry
     return out

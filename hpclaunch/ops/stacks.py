@@ -122,10 +122,14 @@ def not_running(status: JobStatus) -> str:
 
 
 def ask(
-    job_id: int, slurm: Slurm | None, env: Mapping[str, str], job_dir: Path | None = None,
-    timeout_s: float = TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
+    job_id: int,
+    slurm: Slurm | None,
+    env: Mapping[str, str],
+    job_dir: Path | None = None,
+    timeout_s: float = TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> LiveStacks:  # fmt: skip
+) -> LiveStacks:
     """Ask job ``job_id``'s agents for their ranks' stacks and wait until every node of
     its latest attempt answered, or ``timeout_s``. The request and the answers are
     removed afterwards. Raises JobNotFound, NotRunning; HpclaunchError when the request
@@ -148,8 +152,9 @@ def ask(
         # starts later (a restart, a requeue): nothing of it is kept.
         withdraw(job, request)
     stacks = {rank: text for answer in answers.values() for rank, text in answer.items()}
-    found_stacks = LiveStacks(job_id, workers, stacks, tuple(sorted(answers)),
-                              clock() - start, timeout_s)  # fmt: skip
+    found_stacks = LiveStacks(
+        job_id, workers, stacks, tuple(sorted(answers)), clock() - start, timeout_s
+    )
     if not answers:
         raise NoAnswer(
             f"no node of job {job_id} answered in {timeout_s:g} s (asked: "
@@ -160,9 +165,13 @@ def ask(
 
 
 def wait_answers(
-    job: JobFolder, request: str, nodes: Mapping[str, list[int]], timeout_s: float,
-    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, dict[int, str]]:  # fmt: skip
+    job: JobFolder,
+    request: str,
+    nodes: Mapping[str, list[int]],
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, dict[int, str]]:
     """node -> its answer (rank -> stack text), once each of ``nodes`` answered
     ``request`` or ``timeout_s`` passed; answers of other nodes are taken too."""
     deadline = clock() + timeout_s

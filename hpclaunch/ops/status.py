@@ -188,8 +188,9 @@ class JobNotFound(HpclaunchError):
     """Neither SLURM nor the job folder knows the job."""
 
 
-def find(job_id: int, slurm: Slurm | None, env: Mapping[str, str],
-         job_dir: Path | None = None) -> JobStatus:  # fmt: skip
+def find(
+    job_id: int, slurm: Slurm | None, env: Mapping[str, str], job_dir: Path | None = None
+) -> JobStatus:
     """The status of a job that SLURM or its folder knows. Raises JobNotFound (exit
     code SLURM's when SLURM could not be asked) naming what was tried."""
     status = gather(job_id, slurm, env, job_dir)
@@ -268,8 +269,16 @@ def _from_folder(folder: Path, status: JobStatus) -> None:
         if status.requeues is None:
             status.requeues = history.requeues
         for run in history.runs:
-            status.runs.append(RunSummary(run.requeue_count, _hosts(run.nodes), run.started,
-                                          run.ended, run.reason, run.action))  # fmt: skip
+            status.runs.append(
+                RunSummary(
+                    run.requeue_count,
+                    _hosts(run.nodes),
+                    run.started,
+                    run.ended,
+                    run.reason,
+                    run.action,
+                )
+            )
             why = run.reason or "unknown"
             if run.error:
                 why += f": {run.error}"

@@ -55,8 +55,9 @@ def of_notes(
         return None
     now = time.time() if now is None else now
     step = min(r.step for n in latest for r in n.ranks)
-    rates = {n.node: min((r.steps_per_s for r in n.ranks if r.steps_per_s), default=None)
-             for n in latest}  # fmt: skip
+    rates = {
+        n.node: min((r.steps_per_s for r in n.ranks if r.steps_per_s), default=None) for n in latest
+    }
     known = {node: rate for node, rate in rates.items() if rate}
     noted = max(n.time for n in latest)
     # A node whose notes stopped (lost, or its agent stuck) has not stepped since either.
@@ -68,16 +69,28 @@ def of_notes(
         eta = (total - step) / rate
     with_metrics = [n for n in latest if n.metrics]
     first = min(with_metrics, key=lambda n: n.metrics_rank or 0) if with_metrics else None
-    training = Training(step, total, rate, eta, dict(first.metrics) if first else {},
-                        attempt, run, noted, max(idle, 0.0))  # fmt: skip
+    training = Training(
+        step,
+        total,
+        rate,
+        eta,
+        dict(first.metrics) if first else {},
+        attempt,
+        run,
+        noted,
+        max(idle, 0.0),
+    )
     if known:
         slowest = min(known, key=lambda node: known[node])
         others = [r for node, r in known.items() if node != slowest]
         # Ranks that step together all show the same rate; only a gap says which is slow.
         if others and known[slowest] < SLOWER * max(others):
-            return replace(training, slowest_node=slowest,
-                           slowest_s_per_step=1 / known[slowest],
-                           others_s_per_step=1 / max(others))  # fmt: skip
+            return replace(
+                training,
+                slowest_node=slowest,
+                slowest_s_per_step=1 / known[slowest],
+                others_s_per_step=1 / max(others),
+            )
     return training
 
 
@@ -100,8 +113,10 @@ def line(training: Training, now: float | None = None) -> str:
         text += "; " + ", ".join(f"{key} {_number(value)}" for key, value in shown)
     text += f" (attempt {training.attempt}, noted {max(now - training.noted, 0):.0f} s ago)"
     if training.slowest_node and training.slowest_s_per_step and training.others_s_per_step:
-        text += (f"; slowest node {training.slowest_node} ({training.slowest_s_per_step:.3f} "
-                 f"s/step, the others {training.others_s_per_step:.3f})")  # fmt: skip
+        text += (
+            f"; slowest node {training.slowest_node} ({training.slowest_s_per_step:.3f} "
+            f"s/step, the others {training.others_s_per_step:.3f})"
+        )
     return text
 
 
@@ -120,8 +135,10 @@ def restarts(job: JobFolder, requeue: int) -> list[str]:
     for attempt in attempts:
         if attempt + 1 not in started:
             continue  # the run's last attempt: the run ended, it did not restart
-        out.append(f"attempt {attempt + 1} began after attempt {attempt} failed: "
-                   + why(r for r in records if r.attempt == attempt))  # fmt: skip
+        out.append(
+            f"attempt {attempt + 1} began after attempt {attempt} failed: "
+            + why(r for r in records if r.attempt == attempt)
+        )
     return out
 
 

@@ -75,8 +75,12 @@ class JobView:
         listed = fields.get("NodeList", "")
         nodes = tuple(expand(listed)) if listed and listed != "(null)" else ()
         out = fields.get("StdOut", "")
-        return cls(fields.get("JobState", ""), nodes, fields.get("BatchHost", ""),
-                   out if out.startswith("/") else None)  # fmt: skip
+        return cls(
+            fields.get("JobState", ""),
+            nodes,
+            fields.get("BatchHost", ""),
+            out if out.startswith("/") else None,
+        )
 
 
 def lost_batch_host(job: JobView, states: Mapping[str, NodeState]) -> str | None:
@@ -161,15 +165,24 @@ def stood_down(job_dir: Path, requeue: int) -> bool:
     more; its host was lost from the job, and came back."""
     holder = taken_by(job_dir, requeue)
     if holder is not None:
-        log.warning("supervisor: the agent on %s took over this run (this host was lost "
-                    "from the job); this supervisor does nothing more", holder)  # fmt: skip
+        log.warning(
+            "supervisor: the agent on %s took over this run (this host was lost "
+            "from the job); this supervisor does nothing more",
+            holder,
+        )
     return holder is not None
 
 
 def after_agent(
-    status: int, *, job_id: int, requeue: int, node: str, job_dir: Path, slurm: Slurm,
+    status: int,
+    *,
+    job_id: int,
+    requeue: int,
+    node: str,
+    job_dir: Path,
+    slurm: Slurm,
     env: Mapping[str, str],
-) -> int:  # fmt: skip
+) -> int:
     """What a ``--no-kill`` job's agent does when its run has ended with ``status`` (and
     is noted, see note_end): take the supervisor's role if the batch host is lost and no
     other agent has. Returns the agent's exit status."""
@@ -221,12 +234,20 @@ def watch_batch_host(
         if silent(job, states):
             return job, job.batch_host
         if time.monotonic() > deadline:
-            log.warning("the batch host %s did not answer for %g s, and SLURM still counts "
-                        "it in the job; leaving the job to it", job.batch_host, wait_s)  # fmt: skip
+            log.warning(
+                "the batch host %s did not answer for %g s, and SLURM still counts "
+                "it in the job; leaving the job to it",
+                job.batch_host,
+                wait_s,
+            )
             return job, None
         if not said:
-            log.warning("the batch host %s does not answer; waiting (at most %g s) for SLURM "
-                        "to say whether it is lost", job.batch_host, wait_s)  # fmt: skip
+            log.warning(
+                "the batch host %s does not answer; waiting (at most %g s) for SLURM "
+                "to say whether it is lost",
+                job.batch_host,
+                wait_s,
+            )
             said = True
         time.sleep(VERDICT_POLL_S)
 
@@ -316,51 +337,77 @@ class Deputy:
             found = ended(self.folder, self.requeue, others)
         missing = sorted(set(others) - set(found))
         if missing:
-            self.say(f"no end noted by the agents on {', '.join(missing)} "
-                     f"within {OTHERS_WAIT_S:g} s; going by the others")  # fmt: skip
+            self.say(
+                f"no end noted by the agents on {', '.join(missing)} "
+                f"within {OTHERS_WAIT_S:g} s; going by the others"
+            )
         return {**found, self.node: status}
 
     def complete(self, history: History) -> int:
         done = policy.Decision(policy.Action.NONE, policy.Reason.COMPLETED, 0)
-        self.record(history, 0, done, f"the batch host {self.lost} was lost; the agent on "
-                    f"{self.node} ended the job")  # fmt: skip
+        self.record(
+            history,
+            0,
+            done,
+            f"the batch host {self.lost} was lost; the agent on {self.node} ended the job",
+        )
         try:
             libslurm.complete_job(self.job_id, 0)
         except SlurmError as exc:
-            self.say(f"the training finished, but the job could not be ended COMPLETED "
-                     f"({exc}); requeueing it: its next run finds the training done at its "
-                     "latest checkpoint")  # fmt: skip
+            self.say(
+                f"the training finished, but the job could not be ended COMPLETED "
+                f"({exc}); requeueing it: its next run finds the training done at its "
+                "latest checkpoint"
+            )
             return self.requeue_without_lost(history, 0)
         self.say("the training finished: the job ends COMPLETED")
         return 0
 
     def requeue_without_lost(self, history: History, status: int) -> int:
         excluded = list(dict.fromkeys([*history.excluded_nodes, self.lost]))
-        decision = policy.Decision(policy.Action.REQUEUE, policy.Reason.BATCH_HOST_LOST, status,
-                                   (self.lost,))  # fmt: skip
-        self.say(f"requeueing the job without {','.join(excluded)} (requeue "
-                 f"{self.requeue + 1} of at most {history.max_requeues}); the next run "
-                 "resumes from the latest checkpoint")  # fmt: skip
-        self.record(history, status, decision, f"the batch host {self.lost} was lost; the "
-                    f"agent on {self.node} requeued the job")  # fmt: skip
+        decision = policy.Decision(
+            policy.Action.REQUEUE, policy.Reason.BATCH_HOST_LOST, status, (self.lost,)
+        )
+        self.say(
+            f"requeueing the job without {','.join(excluded)} (requeue "
+            f"{self.requeue + 1} of at most {history.max_requeues}); the next run "
+            "resumes from the latest checkpoint"
+        )
+        self.record(
+            history,
+            status,
+            decision,
+            f"the batch host {self.lost} was lost; the agent on {self.node} requeued the job",
+        )
         patience = Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SUPERVISOR_GRACE_S)
         try:
             requeue_job(self.slurm, self.job_id, excluded, patience.window(), self.requeue)
         except SlurmError as exc:
             self.say(f"the job could not be requeued ({describe(exc)}); ending it FAILED")
             failed = policy.Decision(policy.Action.REQUEUE_FAILED, decision.reason, status)
-            self.record(history, status, failed, f"the batch host {self.lost} was lost; the "
-                        "job could not be requeued")  # fmt: skip
+            self.record(
+                history,
+                status,
+                failed,
+                f"the batch host {self.lost} was lost; the job could not be requeued",
+            )
             return self.end(status)
         return status
 
     def end_failed(self, history: History, status: int) -> int:
-        gave_up = policy.Decision(policy.Action.GIVE_UP, policy.Reason.BATCH_HOST_LOST,
-                                  policy.GAVE_UP_STATUS)  # fmt: skip
-        self.say(f"the job has been requeued {self.requeue} times (--max-requeues "
-                 f"{history.max_requeues}); giving up: the job ends FAILED")  # fmt: skip
-        self.record(history, status, gave_up, f"the batch host {self.lost} was lost; the "
-                    f"agent on {self.node} ended the job")  # fmt: skip
+        gave_up = policy.Decision(
+            policy.Action.GIVE_UP, policy.Reason.BATCH_HOST_LOST, policy.GAVE_UP_STATUS
+        )
+        self.say(
+            f"the job has been requeued {self.requeue} times (--max-requeues "
+            f"{history.max_requeues}); giving up: the job ends FAILED"
+        )
+        self.record(
+            history,
+            status,
+            gave_up,
+            f"the batch host {self.lost} was lost; the agent on {self.node} ended the job",
+        )
         return self.end(policy.GAVE_UP_STATUS)
 
     def end(self, status: int) -> int:
@@ -372,8 +419,10 @@ class Deputy:
             try:
                 self.slurm.cancel(self.job_id)
             except SlurmError as cancel:
-                self.say(f"could not cancel it either ({describe(cancel)}): scancel "
-                         f"{self.job_id} by hand")  # fmt: skip
+                self.say(
+                    f"could not cancel it either ({describe(cancel)}): scancel "
+                    f"{self.job_id} by hand"
+                )
         return status
 
     def record(self, history: History, status: int, decision: policy.Decision, note: str) -> None:

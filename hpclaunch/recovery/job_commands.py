@@ -42,11 +42,15 @@ def requeue_job(
             log.info("supervisor: the job was requeued after all (Restarts %d)", restarts)
         if excluded:
             try:
-                persist(lambda s: s.exclude_nodes(job_id, excluded), slurm, window,
-                        who="supervisor: ")  # fmt: skip
+                persist(
+                    lambda s: s.exclude_nodes(job_id, excluded), slurm, window, who="supervisor: "
+                )
             except SlurmError as exc:
-                log.error("supervisor: could not keep %s out of the next run: %s",
-                          ",".join(excluded), describe(exc))  # fmt: skip
+                log.error(
+                    "supervisor: could not keep %s out of the next run: %s",
+                    ",".join(excluded),
+                    describe(exc),
+                )
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -62,17 +66,17 @@ def keep_lost_out(
     try:
         states = persist(lambda s: s.node_states(), slurm, window, who="supervisor: ")
         down = tuple(
-            node for node in step_nodes
+            node
+            for node in step_nodes
             if node in states and (not states[node].responding or states[node].state in LOST)
-        )  # fmt: skip
+        )
         if down:
             nodes = list(dict.fromkeys([*excluded, *down]))
             persist(lambda s: s.exclude_nodes(job_id, nodes), slurm, window, who="supervisor: ")
             log.info("supervisor: keeping %s (lost) out of the next run", ",".join(down))
         return down
     except SlurmError as exc:
-        log.warning("supervisor: could not keep lost nodes out of the next run: %s",
-                    describe(exc))  # fmt: skip
+        log.warning("supervisor: could not keep lost nodes out of the next run: %s", describe(exc))
         return ()
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -58,8 +58,9 @@ class Decision:
 
 # Step statuses that mean "stopped by a signal" (128 + N), as the agents and srun
 # report a step that ended because of the warning or SLURM's SIGTERM.
-STOPPED_STATUSES = frozenset(128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_SIGNALS,
-                                                        signal.SIGKILL))  # fmt: skip
+STOPPED_STATUSES = frozenset(
+    128 + int(sig) for sig in (*WARNING_SIGNALS, *STOP_SIGNALS, signal.SIGKILL)
+)
 
 
 # Verdicts of the failure records that end the job, and the reason recorded.

@@ -25,36 +25,50 @@ class SupervisorSettings:
     """What ``hpclaunch supervise`` was asked for."""
 
     max_requeues: int = setting(
-        DEFAULT_MAX_REQUEUES, "--max-requeues", Number(int, min=0),
-        "Requeue budget of the job: requeues after it give up (exit status 4).", Script.ALWAYS,
-    )  # fmt: skip
+        DEFAULT_MAX_REQUEUES,
+        "--max-requeues",
+        Number(int, min=0),
+        "Requeue budget of the job: requeues after it give up (exit status 4).",
+        Script.ALWAYS,
+    )
     # The script passes the folder it exports, "$HPCLAUNCH_JOB_DIR": shell that
     # from_spec cannot know, so render writes that option itself.
     job_dir: Path | None = setting(
         None, "--job-dir", Folder(), "The job's folder: history.json goes there.", Script.NEVER
     )
     grace_period_s: float = setting(
-        DEFAULT_SUPERVISOR_GRACE_S, "--grace-period", Number(float, min=0),
-        "Seconds the step gets to end after a signal before srun is killed.", Script.ALWAYS,
-    )  # fmt: skip
+        DEFAULT_SUPERVISOR_GRACE_S,
+        "--grace-period",
+        Number(float, min=0),
+        "Seconds the step gets to end after a signal before srun is killed.",
+        Script.ALWAYS,
+    )
     max_failure_requeues: int = setting(
-        DEFAULT_MAX_FAILURE_REQUEUES, "--max-failure-requeues", Number(int, min=0),
+        DEFAULT_MAX_FAILURE_REQUEUES,
+        "--max-failure-requeues",
+        Number(int, min=0),
         "Requeues without bad nodes the job gets (preemptions and time limits do not count).",
-    )  # fmt: skip
+    )
     adopt_checkpoints: bool = setting(
-        False, "--adopt-checkpoints", Flag(),
+        False,
+        "--adopt-checkpoints",
+        Flag(),
         "Continue from the checkpoints an ended job left in HPCLAUNCH_CHECKPOINT_DIR.",
-    )  # fmt: skip
+    )
     slurm_patience_s: float = setting(
-        float(DEFAULT_SLURM_PATIENCE_S), "--slurm-patience", Number(float, min=0),
+        float(DEFAULT_SLURM_PATIENCE_S),
+        "--slurm-patience",
+        Number(float, min=0),
         "Seconds to keep trying an unreachable SLURM controller after a failed step "
         "(after a signal: --grace-period from the signal).",
-    )  # fmt: skip
+    )
     checkpoint_patterns: tuple[str, ...] = setting(
-        (), "--checkpoint-pattern", Texts(),
+        (),
+        "--checkpoint-pattern",
+        Texts(),
         "A glob naming the job's own checkpoints (relative: to SLURM_SUBMIT_DIR), recorded "
         "for `hpclaunch status` (repeatable).",
-    )  # fmt: skip
+    )
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> SupervisorSettings:

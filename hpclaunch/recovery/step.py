@@ -130,7 +130,8 @@ def _wait(
             if on_signal is not None:
                 on_signal(received[0])
         if deadline is not None and time.monotonic() > deadline:
-            log.warning("supervisor: step still running %.0f s after the signal; killing srun",
-                        grace_s)  # fmt: skip
+            log.warning(
+                "supervisor: step still running %.0f s after the signal; killing srun", grace_s
+            )
             child.kill()
             return child.wait()

@@ -65,7 +65,10 @@ def unseen(job_dir: Path | None, requeue: int, nodes: Sequence[str], step: Step)
     sig = stopped_by(list(notes.values())) if len(notes) == len(nodes) else None
     if sig is not None:
         taken = "the time-limit warning" if sig in WARNINGS else "a preemption"
-        log.warning("supervisor: every agent was stopped by %s, sent to the job's steps only "
-                    "(scancel --signal, submitit's _interrupt()); taken as %s", sig.name,
-                    taken)  # fmt: skip
+        log.warning(
+            "supervisor: every agent was stopped by %s, sent to the job's steps only "
+            "(scancel --signal, submitit's _interrupt()); taken as %s",
+            sig.name,
+            taken,
+        )
     return None if sig is None else int(sig)

@@ -59,8 +59,14 @@ def supervise(
     ones from SLURM_SUBMIT_DIR. Returns the supervisor's exit status. Raises
     StepNotFound, HistoryError."""
     with forwarding() as forwarder:
-        run = Supervisor(env, slurm, job_dir, max_requeues, max_failure_requeues,
-                         Patience(grace_s, slurm_patience_s))  # fmt: skip
+        run = Supervisor(
+            env,
+            slurm,
+            job_dir,
+            max_requeues,
+            max_failure_requeues,
+            Patience(grace_s, slurm_patience_s),
+        )
         if run.history is not None:
             run.history.checkpoint_patterns = absolute(checkpoint_patterns, submit_dir(env))
         refused = run.claim_checkpoints(adopt_checkpoints)
@@ -80,9 +86,14 @@ class Supervisor:
     (the failure records, the policy's decision, and acting on it)."""
 
     def __init__(
-        self, env: Mapping[str, str], slurm: Slurm, job_dir: Path | None,
-        max_requeues: int, max_failure_requeues: int, patience: Patience | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        env: Mapping[str, str],
+        slurm: Slurm,
+        job_dir: Path | None,
+        max_requeues: int,
+        max_failure_requeues: int,
+        patience: Patience | None = None,
+    ) -> None:
         self.env, self.slurm, self.job_dir = env, slurm, job_dir
         # How long SLURM's controller is waited for (a window from the first signal).
         self.patience = patience or Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SLURM_PATIENCE_S)
@@ -147,9 +158,10 @@ class Supervisor:
         if requeue.over_budget(self.requeue_count, self.max_requeues):
             decision = requeue.gave_up()
             log.error(
-                "supervisor: the job was requeued %d times, more than --max-requeues %d; "
-                "giving up", self.requeue_count, self.max_requeues,
-            )  # fmt: skip
+                "supervisor: the job was requeued %d times, more than --max-requeues %d; giving up",
+                self.requeue_count,
+                self.max_requeues,
+            )
             self._record(None, None, decision)
             return decision.exit_status
         self._save()
@@ -181,22 +193,30 @@ class Supervisor:
             self.patience.signalled()
         restarts = (
             slurm_restarts(self.slurm, self.job_id, self.patience.window())
-            if result.signals else None
-        )  # fmt: skip
+            if result.signals
+            else None
+        )
         if result.status != 0 and not result.signals and self.job_dir is not None:
             self._examine(self.job_dir)
         self._note_deaths(result)
         history = self.history
         decision = requeue.decide(
             requeue.Situation(
-                result.status, result.first_signal, self.requeue_count, restarts,
-                self.max_requeues, self.finding, history.failure_requeues if history else 0,
-                self.max_failure_requeues, history.exclusion_errors if history else (),
+                result.status,
+                result.first_signal,
+                self.requeue_count,
+                restarts,
+                self.max_requeues,
+                self.finding,
+                history.failure_requeues if history else 0,
+                self.max_failure_requeues,
+                history.exclusion_errors if history else (),
                 self.job_dir is not None and JobFolder(self.job_dir).cancelled.exists(),
-                tuple(d.node for d in result.died), result.srun_signal is not None,
+                tuple(d.node for d in result.died),
+                result.srun_signal is not None,
                 unseen is not None,
             )
-        )  # fmt: skip
+        )
         if self.verdict is not None and verdicts.stands(self.finding, decision.reason):
             log.error("supervisor: %s", self.verdict)
         decision = self._act(decision)
@@ -232,32 +252,44 @@ class Supervisor:
         if decision.action is requeue.Action.REQUEUE and self.history is not None:
             self._say_lost_work(self.history.runs)
         if decision.action is requeue.Action.REQUEUE:
-            log.info("supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
-                     decision.reason.value, self.requeue_count + 1, self.max_requeues,
-                     f" without {','.join(decision.exclude)}" if decision.exclude else "",
-                     )  # fmt: skip
+            log.info(
+                "supervisor: %s: requeueing the job (requeue %d of at most %d)%s",
+                decision.reason.value,
+                self.requeue_count + 1,
+                self.max_requeues,
+                f" without {','.join(decision.exclude)}" if decision.exclude else "",
+            )
             before = self.history.excluded_nodes if self.history else []
             excluded = list(dict.fromkeys([*before, *decision.exclude]))
             try:
-                requeue_job(self.slurm, self.job_id, excluded, self.patience.window(),
-                            self.requeue_count)  # fmt: skip
+                requeue_job(
+                    self.slurm, self.job_id, excluded, self.patience.window(), self.requeue_count
+                )
             except SlurmError as exc:
                 log.error("supervisor: the job ends without a requeue: %s", describe(exc))
                 return requeue.Decision(
                     requeue.Action.REQUEUE_FAILED, decision.reason, int(ExitCode.SLURM)
                 )
         elif decision.action is requeue.Action.GIVE_UP:
-            log.error("supervisor: %s, but the job has been requeued %d times "
-                      "(--max-requeues %d); giving up", decision.reason.value,
-                      self.requeue_count, self.max_requeues)  # fmt: skip
+            log.error(
+                "supervisor: %s, but the job has been requeued %d times "
+                "(--max-requeues %d); giving up",
+                decision.reason.value,
+                self.requeue_count,
+                self.max_requeues,
+            )
         elif decision.action is requeue.Action.SLURM_REQUEUES:
             decision = self._by_slurm()
-            log.info("supervisor: SLURM is requeueing the job (preemption, scontrol requeue or "
-                     "a lost node); the next run resumes from the latest checkpoint")  # fmt: skip
+            log.info(
+                "supervisor: SLURM is requeueing the job (preemption, scontrol requeue or "
+                "a lost node); the next run resumes from the latest checkpoint"
+            )
         else:  # "job completed", or why it ends: "the job ends: shared folder not writable"
             what = decision.reason.value
-            log.info("supervisor: %s", "job completed" if what == "completed" else
-                     f"the job ends: {what}")  # fmt: skip
+            log.info(
+                "supervisor: %s",
+                "job completed" if what == "completed" else f"the job ends: {what}",
+            )
         return decision
 
     def _say_lost_work(self, runs: Sequence[Run]) -> None:
@@ -279,8 +311,9 @@ class Supervisor:
     def _by_slurm(self) -> requeue.Decision:
         if self._lost is None:
             before = self.history.excluded_nodes if self.history else []
-            self._lost = keep_lost_out(self.slurm, self.job_id, job_nodes(self.env), before,
-                                       self.patience.window())  # fmt: skip
+            self._lost = keep_lost_out(
+                self.slurm, self.job_id, job_nodes(self.env), before, self.patience.window()
+            )
         return requeue.Decision(
             requeue.Action.SLURM_REQUEUES, requeue.Reason.REQUEUED_BY_SLURM, 0, self._lost
         )
@@ -314,7 +347,9 @@ class Supervisor:
         restarts = None if newer or asked else slurm_restarts(self.slurm, self.job_id, window)
         if newer is None and (restarts is None or restarts <= self.requeue_count):
             return decision
-        log.warning("supervisor: the job has moved on (run %s has started); this run's "
-                    "supervisor outlived it, so it does not requeue the job",
-                    newer["requeue_count"] if newer else restarts)  # fmt: skip
+        log.warning(
+            "supervisor: the job has moved on (run %s has started); this run's "
+            "supervisor outlived it, so it does not requeue the job",
+            newer["requeue_count"] if newer else restarts,
+        )
         return requeue.Decision(requeue.Action.NONE, requeue.Reason.LOST, 0)

@@ -63,8 +63,12 @@ def examine(
         else:
             message = f"a test write into {folder.path} failed: {refused}"
             errno = _PROBED[refused.errno]
-        return Finding(Verdict.STORAGE, message=message, storage=StorageFault(folder, errno),
-                       seen_on=(socket.gethostname(),))  # fmt: skip
+        return Finding(
+            Verdict.STORAGE,
+            message=message,
+            storage=StorageFault(folder, errno),
+            seen_on=(socket.gethostname(),),
+        )
     return finding
 
 

@@ -80,10 +80,12 @@ def _etcd(req: Request) -> tuple[str, dict[str, object]]:
     if not isinstance(etcd, EtcdRdzv) or not etcd.endpoints:  # a sidecar not yet found
         raise ContextError("--rdzv etcd needs --etcd-endpoint HOST:PORT or --etcd-sidecar")
     configs: dict[str, object] = {
-        "node_rank": req.node_rank, "last_call_timeout": ETCD_LAST_CALL_S,
-        "keep_alive_interval": ETCD_HEARTBEAT_S, "keep_alive_max_attempt": ETCD_MISSED_HEARTBEATS,
+        "node_rank": req.node_rank,
+        "last_call_timeout": ETCD_LAST_CALL_S,
+        "keep_alive_interval": ETCD_HEARTBEAT_S,
+        "keep_alive_max_attempt": ETCD_MISSED_HEARTBEATS,
         **etcd.rdzv_configs(),
-    }  # fmt: skip
+    }
     return ",".join(etcd.endpoints), configs
 
 

@@ -243,9 +243,11 @@ class EtcdHandler(RankedHandler):
             # A node leaves a round by restarting its workers, or by dying: then its
             # heartbeats stop, and the first sync after they expire drops it.
             log.warning(
-                "round %d is down to %d of %d nodes; starting a new round without the "
-                "missing ones", self._round, len(state.participants), self._world,
-            )  # fmt: skip
+                "round %d is down to %d of %d nodes; starting a new round without the missing ones",
+                self._round,
+                len(state.participants),
+                self._world,
+            )
             self._round = None  # report it once
             self._lost_peer = True
             return 1

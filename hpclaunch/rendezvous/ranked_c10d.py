@@ -96,9 +96,15 @@ class RankedHandler(dynamic.DynamicRendezvousHandler):
     """
 
     def __init__(
-        self, node: Any, settings: Any, backend_name: str, store: Any, state_holder: Any,
-        pacing: Pacing, node_multiple: int = 1,
-    ) -> None:  # fmt: skip
+        self,
+        node: Any,
+        settings: Any,
+        backend_name: str,
+        store: Any,
+        state_holder: Any,
+        pacing: Pacing,
+        node_multiple: int = 1,
+    ) -> None:
         super().__init__(node, settings, backend_name, store, state_holder)
         self._pacing = pacing
         self._node_multiple = node_multiple
@@ -236,9 +242,14 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     node = stock._this_node
     ranked = RankedNodeDesc(node.addr, node.pid, node.local_id, node_rank)
     handler = RankedHandler(
-        ranked, stock._settings, NAME, store, stock._state_holder,
-        Pacing.for_job(params.max_nodes), node_multiple(params),
-    )  # fmt: skip
+        ranked,
+        stock._settings,
+        NAME,
+        store,
+        stock._state_holder,
+        Pacing.for_job(params.max_nodes),
+        node_multiple(params),
+    )
     scale_cache(stock._state_holder, params.max_nodes)
     return handler
 

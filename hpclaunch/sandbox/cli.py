@@ -38,16 +38,34 @@ def sandbox(ctx: click.Context, state_dir: Path | None) -> None:
 
 
 @sandbox.command()
-@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="How many nodes (slurmd daemons) the cluster has.")  # fmt: skip
-@click.option("--gpus-per-node", type=click.IntRange(0, 16), default=0, show_default=True,
-              help="Fake GPUs (GRES) per node: CUDA_VISIBLE_DEVICES appears in jobs.")  # fmt: skip
-@click.option("--partitions", type=click.Choice(["default", "preempt"]), default="default",
-              show_default=True, help="preempt: partitions low (default) and high, which "
-              "preempts low by requeueing.")  # fmt: skip
-@click.option("--mode", type=click.Choice(["auto", "netns", "loopback"]), default="auto",
-              show_default=True, help="netns: a network namespace per node; loopback: all "
-              "slurmd on 127.0.0.1.")  # fmt: skip
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="How many nodes (slurmd daemons) the cluster has.",
+)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(0, 16),
+    default=0,
+    show_default=True,
+    help="Fake GPUs (GRES) per node: CUDA_VISIBLE_DEVICES appears in jobs.",
+)
+@click.option(
+    "--partitions",
+    type=click.Choice(["default", "preempt"]),
+    default="default",
+    show_default=True,
+    help="preempt: partitions low (default) and high, which preempts low by requeueing.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "netns", "loopback"]),
+    default="auto",
+    show_default=True,
+    help="netns: a network namespace per node; loopback: all slurmd on 127.0.0.1.",
+)
 @click.pass_obj
 def up(box: Sandbox, nodes: int, gpus_per_node: int, partitions: str, mode: str) -> None:
     """Start the sandbox (or keep the one that is up) and print how to use it."""

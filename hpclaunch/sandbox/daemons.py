@@ -58,17 +58,24 @@ def spawn(
         env[key] = value
     with log_of(lay, name).open("wb") as out:
         proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     keep[proc.pid] = proc  # so its exit can be reaped, not left a zombie
     return Tracked.of(proc.pid)
 
 
 def wait(
-    condition: Callable[[], bool], what: str, lay: Layout, watched: Mapping[str, Tracked],
+    condition: Callable[[], bool],
+    what: str,
+    lay: Layout,
+    watched: Mapping[str, Tracked],
     explain: Callable[[], str] = lambda: "",
-) -> None:  # fmt: skip
+) -> None:
     """Poll ``condition``; fail at once, quoting its output, if a watched daemon dies."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while not condition():
@@ -111,20 +118,31 @@ def start_control(
     """munged, then slurmctld; returns once slurmctld answers."""
     d = lay.state_dir
     munged = spawn(
-        ["munged", "--foreground", "--force", f"--socket={lay.munge_socket}",
-         f"--key-file={d}/munge/munge.key", f"--log-file={d}/log/munged.log",
-         f"--pid-file={d}/run/munged.pid", f"--seed-file={d}/munge/seed"],
-        lay, "munged", keep,
-    )  # fmt: skip
+        [
+            "munged",
+            "--foreground",
+            "--force",
+            f"--socket={lay.munge_socket}",
+            f"--key-file={d}/munge/munge.key",
+            f"--log-file={d}/log/munged.log",
+            f"--pid-file={d}/run/munged.pid",
+            f"--seed-file={d}/munge/seed",
+        ],
+        lay,
+        "munged",
+        keep,
+    )
     record("munged", munged)
     wait(lay.munge_socket.exists, "munged's socket", lay, {"munged": munged})
     start_slurmctld(lay, keep, record, munged)
 
 
 def start_slurmctld(
-    lay: Layout, keep: dict[int, subprocess.Popen[bytes]], record: Callable[[str, Tracked], None],
+    lay: Layout,
+    keep: dict[int, subprocess.Popen[bytes]],
+    record: Callable[[str, Tracked], None],
     munged: Tracked,
-) -> None:  # fmt: skip
+) -> None:
     """slurmctld, which reads the state it saved last (StateSaveLocation: jobs, queue,
     node states) unless there is none; returns once it answers."""
     ctld = spawn(["slurmctld", "-D", "-i", "-f", str(lay.conf_path)], lay, "slurmctld", keep)
@@ -161,10 +179,21 @@ def start_slurmd(lay: Layout, node: Node, keep: dict[int, subprocess.Popen[bytes
         # Not `ip netns exec`: it remounts /sys and slurmd 22.05 then dies at start.
         setup = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
         argv = [
-            "nsenter", f"--net={net.netns_path(node)}", "unshare", "--mount", "--uts", "--",
-            "/bin/sh", "-c", setup, "sh", str(lay.state_dir / "etc" / "hosts"), node.name,
-            *reaper, *slurmd,
-        ]  # fmt: skip
+            "nsenter",
+            f"--net={net.netns_path(node)}",
+            "unshare",
+            "--mount",
+            "--uts",
+            "--",
+            "/bin/sh",
+            "-c",
+            setup,
+            "sh",
+            str(lay.state_dir / "etc" / "hosts"),
+            node.name,
+            *reaper,
+            *slurmd,
+        ]
     else:
         argv = [*reaper, *slurmd]
     return spawn(argv, lay, node.name, keep)
@@ -184,8 +213,13 @@ def wait_responding(
             for n in names
         )
 
-    wait(ready, "every node to be idle" if idle else f"{', '.join(names)} to answer", lay,
-         watched, lambda: node_states_text(lay))  # fmt: skip
+    wait(
+        ready,
+        "every node to be idle" if idle else f"{', '.join(names)} to answer",
+        lay,
+        watched,
+        lambda: node_states_text(lay),
+    )
 
 
 def kill_node(lay: Layout, name: str, tracked: Tracked | None) -> None:

@@ -171,16 +171,22 @@ def config_problem(stderr: str, env: Mapping[str, str]) -> str | None:
     """The error to give when SLURM's command ``stderr`` says it found no configuration
     (``env``: the command's environment); None when it says something else."""
     conf = env.get("SLURM_CONF")
-    fix = ("the cluster's slurm.conf (as your site documents, often /etc/slurm/slurm.conf; "
-           'for the sandbox: eval "$(hpclaunch sandbox env)")')  # fmt: skip
+    fix = (
+        "the cluster's slurm.conf (as your site documents, often /etc/slurm/slurm.conf; "
+        'for the sandbox: eval "$(hpclaunch sandbox env)")'
+    )
     if NO_CONFIG in stderr and not conf:
-        return ("SLURM's commands found no configuration: SLURM_CONF is not set and no "
-                f"slurmctld is announced in DNS; set SLURM_CONF to {fix}")  # fmt: skip
+        return (
+            "SLURM's commands found no configuration: SLURM_CONF is not set and no "
+            f"slurmctld is announced in DNS; set SLURM_CONF to {fix}"
+        )
     if CONF_UNREADABLE in stderr or NO_CONFIG in stderr:
         said = next((line.strip() for line in stderr.splitlines() if "error:" in line), "")
-        return (f"SLURM's commands cannot read their configuration: SLURM_CONF={conf} "
-                f"is not a readable slurm.conf{f' ({said})' if said else ''}; point "
-                f"SLURM_CONF at {fix}")  # fmt: skip
+        return (
+            f"SLURM's commands cannot read their configuration: SLURM_CONF={conf} "
+            f"is not a readable slurm.conf{f' ({said})' if said else ''}; point "
+            f"SLURM_CONF at {fix}"
+        )
     return None
 
 
@@ -240,9 +246,11 @@ class Slurm:
         except SlurmError as sinfo:
             listed = f"(sinfo could not list them: {_first_line(sinfo)})"
         named, said = f" {asked[0]!r}" if asked else "", exc.stderr.strip().splitlines()[0]
-        return (f"sbatch refused the partition{named}: it does not exist ({said}). "
-                f"Partitions here: {listed}; give one with --partition (or partition = "
-                "in a profile), or leave it out for the default")  # fmt: skip
+        return (
+            f"sbatch refused the partition{named}: it does not exist ({said}). "
+            f"Partitions here: {listed}; give one with --partition (or partition = "
+            "in a profile), or leave it out for the default"
+        )
 
     def partition_fields(self, name: str) -> dict[str, str]:
         """``scontrol show partition NAME`` as KEY=VALUE pairs. Raises SlurmError."""
@@ -288,8 +296,14 @@ class Slurm:
     def accounted_job(self, job_id: int | str) -> JobRecord | None:
         """The job's State, NodeList and ExitCode from ``sacct`` (None when sacct does not
         know it). Raises SlurmError, also where there is no accounting database."""
-        argv = ("sacct", "--noheader", "--allocations", "--parsable2",
-                "--format=State,NodeList,ExitCode", f"--jobs={job_id}")  # fmt: skip
+        argv = (
+            "sacct",
+            "--noheader",
+            "--allocations",
+            "--parsable2",
+            "--format=State,NodeList,ExitCode",
+            f"--jobs={job_id}",
+        )
         lines = [line for line in self._run(argv).stdout.splitlines() if line.strip()]
         from hpclaunch.slurm.states import JobRecord
 
@@ -310,10 +324,13 @@ class Slurm:
         try:
             record = self.accounted_job(job_id)
         except SlurmError as sacct:
-            return JobLookup(None, forgotten, scontrol_error=_first_line(scontrol),
-                             sacct_error=_first_line(sacct))  # fmt: skip
-        return JobLookup(record, forgotten and record is None,
-                         scontrol_error=_first_line(scontrol))  # fmt: skip
+            return JobLookup(
+                None,
+                forgotten,
+                scontrol_error=_first_line(scontrol),
+                sacct_error=_first_line(sacct),
+            )
+        return JobLookup(record, forgotten and record is None, scontrol_error=_first_line(scontrol))
 
     def cancel(self, job_id: int) -> None:
         """``scancel JOBID``: SLURM stops every process of the job. Raises SlurmError."""

@@ -145,22 +145,36 @@ def persist(
             if left <= 0:
                 since = started if window.opened is None else window.opened
                 raise SlurmUnreachable(
-                    exc.argv, exc.returncode, exc.stderr,
+                    exc.argv,
+                    exc.returncode,
+                    exc.stderr,
                     f"{command}: gave up waiting for SLURM's controller after "
                     f"{clock.now() - since:.0f} s ({window.why}; {attempt} "
                     f"attempt{'s' * (attempt > 1)} of this command); SLURM said: {said}",
-                ) from exc  # fmt: skip
+                ) from exc
             wait = min(backoff_s(attempt), left)
             log.warning(
                 "%s%s failed, SLURM's controller did not answer (%s); attempt %d, next try "
-                "in %.0f s, %.0f s left (%s)", who, command, said, attempt, wait, left, window.why,
-            )  # fmt: skip
+                "in %.0f s, %.0f s left (%s)",
+                who,
+                command,
+                said,
+                attempt,
+                wait,
+                left,
+                window.why,
+            )
             clock.sleep(wait)
             attempt += 1
             continue
         if attempt > 1:
-            log.info("%s%s: SLURM's controller answered at attempt %d, %.0f s after the first",
-                     who, command, attempt, clock.now() - started)  # fmt: skip
+            log.info(
+                "%s%s: SLURM's controller answered at attempt %d, %.0f s after the first",
+                who,
+                command,
+                attempt,
+                clock.now() - started,
+            )
         return result
 
 
@@ -196,7 +210,9 @@ class Patience:
         if self._window is None:
             now = self.clock.now()
             self._window = Window(
-                now + self.after_failure_s, f"--slurm-patience {self.after_failure_s:g} s",
-                now, self.clock,
-            )  # fmt: skip
+                now + self.after_failure_s,
+                f"--slurm-patience {self.after_failure_s:g} s",
+                now,
+                self.clock,
+            )
         return self._window

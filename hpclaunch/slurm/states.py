@@ -68,11 +68,21 @@ class JobState(enum.Enum):
 
 # The states after which the job runs no more. PREEMPTED is final: a preempted job
 # that is requeued shows REQUEUED, then PENDING, instead.
-FINAL = frozenset({
-    JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-    JobState.NODE_FAIL, JobState.OUT_OF_MEMORY, JobState.BOOT_FAIL, JobState.DEADLINE,
-    JobState.SPECIAL_EXIT, JobState.PREEMPTED, JobState.ENDED,
-})  # fmt: skip
+FINAL = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.OUT_OF_MEMORY,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+        JobState.SPECIAL_EXIT,
+        JobState.PREEMPTED,
+        JobState.ENDED,
+    }
+)
 # The states in which the job holds its nodes.
 ON_NODES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.CONFIGURING})
 

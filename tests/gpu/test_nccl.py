@@ -33,20 +33,38 @@ def test_nccl_all_reduce_on_cuda_through_the_agent(tmp_path: Path) -> None:
     assert gpus >= 1, "pytest --gpu needs CUDA and a CUDA build of torch"
     job_id = random.randrange(1, 10**6)
     env = base_env(
-        SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1",
-        SLURM_NODEID="0", SLURM_STEP_ID="0", SLURM_GPUS_ON_NODE=str(gpus),
-    )  # fmt: skip
+        SLURM_JOB_ID=str(job_id),
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_STEP_ID="0",
+        SLURM_GPUS_ON_NODE=str(gpus),
+    )
     result = subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "agent", "--job-dir", str(tmp_path / "job"), str(EXAMPLE),
-         "--backend", "nccl"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "hpclaunch"),
+            "agent",
+            "--job-dir",
+            str(tmp_path / "job"),
+            str(EXAMPLE),
+            "--backend",
+            "nccl",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = sorted(
-        (json.loads(line.split("ALLREDUCE ", 1)[1]) for line in result.stdout.splitlines()
-         if "ALLREDUCE " in line),
+        (
+            json.loads(line.split("ALLREDUCE ", 1)[1])
+            for line in result.stdout.splitlines()
+            if "ALLREDUCE " in line
+        ),
         key=lambda r: r["rank"],
-    )  # fmt: skip
+    )
     assert [r["rank"] for r in reports] == list(range(gpus))  # one worker per GPU
     assert {r["backend"] for r in reports} == {"nccl"}
     assert [r["device"] for r in reports] == [f"cuda:{i}" for i in range(gpus)]

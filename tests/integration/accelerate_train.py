@@ -30,9 +30,11 @@ sha = hashlib.sha256()
 for _name, value in sorted(accelerator.unwrap_model(model).state_dict().items()):
     sha.update(value.detach().double().numpy().tobytes())
 seen = {
-    "num_processes": accelerator.num_processes, "process_index": accelerator.process_index,
-    "distributed_type": str(accelerator.distributed_type), "digest": sha.hexdigest(),
-}  # fmt: skip
+    "num_processes": accelerator.num_processes,
+    "process_index": accelerator.process_index,
+    "distributed_type": str(accelerator.distributed_type),
+    "digest": sha.hexdigest(),
+}
 Path(sys.argv[1], f"rank-{os.environ['RANK']}.json").write_text(json.dumps(seen))
 accelerator.wait_for_everyone()
 sys.stdout.flush()

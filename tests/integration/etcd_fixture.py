@@ -33,9 +33,10 @@ class EtcdServer:
         fields: dict[str, object] = {"endpoints": (self.endpoint,), "timeout_s": 5.0}
         if self.tls_dir is not None:
             fields.update(
-                cacert=str(self.tls_dir / "ca.crt"), cert=str(self.tls_dir / "client.crt"),
+                cacert=str(self.tls_dir / "ca.crt"),
+                cert=str(self.tls_dir / "client.crt"),
                 key=str(self.tls_dir / "client.key"),
-            )  # fmt: skip
+            )
         if self.auth:
             fields.update(user=USER, password=PASSWORD)
         fields.update(overrides)
@@ -63,8 +64,19 @@ def make_certs(folder: Path, ips: list[str]) -> Path:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
     key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=hpclaunch test CA")  # fmt: skip
+    openssl(
+        "req",
+        "-x509",
+        *key,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=hpclaunch test CA",
+    )
     sans = {
         "server": "subjectAltName=" + ",".join(f"IP:{ip}" for ip in ips),
         "client": "extendedKeyUsage=clientAuth",
@@ -73,20 +85,47 @@ def make_certs(folder: Path, ips: list[str]) -> Path:
         (folder / f"{name}.ext").write_text(ext + "\n")
         # No CN: etcd 3.4's JSON gateway reaches the server with the server's own
         # certificate and refuses every authenticated request if it names a CN.
-        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", f"/O=hpclaunch {name}")  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
-                "-extfile", f"{name}.ext")  # fmt: skip
+        openssl(
+            "req",
+            *key,
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/O=hpclaunch {name}",
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+        )
     return folder
 
 
 def _etcdctl(server: EtcdServer, *args: str) -> None:
     argv = ["etcdctl", "--endpoints", _url(server), *args]
     if server.tls_dir is not None:
-        argv += ["--cacert", str(server.tls_dir / "ca.crt"),
-                 "--cert", str(server.tls_dir / "client.crt"),
-                 "--key", str(server.tls_dir / "client.key")]  # fmt: skip
+        argv += [
+            "--cacert",
+            str(server.tls_dir / "ca.crt"),
+            "--cert",
+            str(server.tls_dir / "client.crt"),
+            "--key",
+            str(server.tls_dir / "client.key"),
+        ]
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
 
@@ -108,19 +147,34 @@ def _enable_auth(server: EtcdServer) -> None:
 def _argv(binary: str, folder: Path, ip: str, port: int, tls_dir: Path | None) -> list[str]:
     scheme = "https" if tls_dir is not None else "http"
     argv = [
-        binary, "--name", "test", "--data-dir", str(folder / "data"),
-        "--listen-client-urls", f"{scheme}://{ip}:{port}",
-        "--advertise-client-urls", f"{scheme}://{ip}:{port}",
-        "--listen-peer-urls", "http://127.0.0.1:0",
-        "--initial-advertise-peer-urls", "http://127.0.0.1:0",
-        "--initial-cluster", "test=http://127.0.0.1:0",
-        "--election-timeout=100", "--heartbeat-interval=10",
-    ]  # fmt: skip
+        binary,
+        "--name",
+        "test",
+        "--data-dir",
+        str(folder / "data"),
+        "--listen-client-urls",
+        f"{scheme}://{ip}:{port}",
+        "--advertise-client-urls",
+        f"{scheme}://{ip}:{port}",
+        "--listen-peer-urls",
+        "http://127.0.0.1:0",
+        "--initial-advertise-peer-urls",
+        "http://127.0.0.1:0",
+        "--initial-cluster",
+        "test=http://127.0.0.1:0",
+        "--election-timeout=100",
+        "--heartbeat-interval=10",
+    ]
     if tls_dir is not None:
         argv += [
-            "--cert-file", str(tls_dir / "server.crt"), "--key-file", str(tls_dir / "server.key"),
-            "--trusted-ca-file", str(tls_dir / "ca.crt"), "--client-cert-auth",
-        ]  # fmt: skip
+            "--cert-file",
+            str(tls_dir / "server.crt"),
+            "--key-file",
+            str(tls_dir / "server.key"),
+            "--trusted-ca-file",
+            str(tls_dir / "ca.crt"),
+            "--client-cert-auth",
+        ]
     return argv
 
 

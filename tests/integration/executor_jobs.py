@@ -33,10 +33,12 @@ def all_reduce(offset: float) -> dict[str, Any]:
     dist.all_gather(hosts, torch.tensor([float(node)]))
     dist.destroy_process_group()
     return {
-        "rank": _rank(), "world_size": int(os.environ["WORLD_SIZE"]), "sum": total.item(),
+        "rank": _rank(),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "sum": total.item(),
         "hosts": [f"n{int(h.item())}" for h in hosts],
         "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
-    }  # fmt: skip
+    }
 
 
 def fail_on(rank: int) -> None:
@@ -82,9 +84,11 @@ def count_to(steps: int, step_time: float) -> dict[str, Any]:
             return {"stopped_at": step}
     dist.destroy_process_group()
     return {
-        "total": total, "started_at": start, "world_size": int(os.environ["WORLD_SIZE"]),
+        "total": total,
+        "started_at": start,
+        "world_size": int(os.environ["WORLD_SIZE"]),
         "requeue": int(os.environ["HPCLAUNCH_REQUEUE_COUNT"]),
-    }  # fmt: skip
+    }
 
 
 def _note(path: Path, step: int) -> None:
@@ -106,5 +110,8 @@ class Counter(Checkpointable):
             self.done.append(step)
             if _rank() == 0:
                 _note(Path(progress), step)
-        return {"first": first, "done": list(self.done),
-                "requeue": int(os.environ["HPCLAUNCH_REQUEUE_COUNT"])}  # fmt: skip
+        return {
+            "first": first,
+            "done": list(self.done),
+            "requeue": int(os.environ["HPCLAUNCH_REQUEUE_COUNT"]),
+        }

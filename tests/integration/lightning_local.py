@@ -45,12 +45,26 @@ class Regression(L.LightningModule):
 
 
 trainer = L.Trainer(
-    max_epochs=2, accumulate_grad_batches=ACCUMULATE, callbacks=[hl.StopCheckpoint()],
-    accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-    enable_progress_bar=False, enable_model_summary=False,
-)  # fmt: skip
+    max_epochs=2,
+    accumulate_grad_batches=ACCUMULATE,
+    callbacks=[hl.StopCheckpoint()],
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 model = Regression()
 trainer.fit(model, ckpt_path=RESUMED)
 weights = model.layer.weight.detach().double().numpy().tobytes()
-print("RESULT " + json.dumps({"digest": hashlib.sha256(weights).hexdigest(),
-                              "steps": trainer.global_step, "resumed": RESUMED}))  # fmt: skip
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "digest": hashlib.sha256(weights).hexdigest(),
+            "steps": trainer.global_step,
+            "resumed": RESUMED,
+        }
+    )
+)

@@ -76,17 +76,24 @@ def _noting(then: Any) -> Any:
 
 
 trainer = L.Trainer(
-    **({} if DEFAULT_TRAINER else hl.trainer_args()), max_epochs=4,
+    **({} if DEFAULT_TRAINER else hl.trainer_args()),
+    max_epochs=4,
     callbacks=[hl.StopCheckpoint(every_n_steps=5), Report()],
-    logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
     enable_model_summary=False,
-)  # fmt: skip
+)
 model = Regression()
 trainer.fit(model, ckpt_path=hl.resume_path())
 if trainer.is_global_zero:
     sha = hashlib.sha256(model.layer.weight.detach().double().numpy().tobytes()).hexdigest()
-    print("RESULT " + json.dumps({"digest": sha, "steps": trainer.global_step,
-                                  "world_size": trainer.world_size}))  # fmt: skip
+    print(
+        "RESULT "
+        + json.dumps(
+            {"digest": sha, "steps": trainer.global_step, "world_size": trainer.world_size}
+        )
+    )
 dist.barrier()
 dist.destroy_process_group()
 sys.stdout.flush()

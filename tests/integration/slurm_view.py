@@ -14,9 +14,11 @@ import submitit
 os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
 env = submitit.JobEnvironment()
 seen = {
-    "rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]),
-    "world_size": int(os.environ["WORLD_SIZE"]), "node_rank": int(os.environ["GROUP_RANK"]),
+    "rank": int(os.environ["RANK"]),
+    "local_rank": int(os.environ["LOCAL_RANK"]),
+    "world_size": int(os.environ["WORLD_SIZE"]),
+    "node_rank": int(os.environ["GROUP_RANK"]),
     "submitit": [env.global_rank, env.local_rank, env.num_tasks, env.node, env.num_nodes],
     "agent_procid": os.environ.get("HPCLAUNCH_AGENT_SLURM_PROCID"),
-}  # fmt: skip
+}
 Path(sys.argv[1], f"rank-{seen['rank']}.json").write_text(json.dumps(seen))

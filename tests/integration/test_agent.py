@@ -40,8 +40,12 @@ def submit(sandbox: Running, tmp_path: Path, *args: str) -> tuple[int, dict[str,
     shutil.copy(EXAMPLE, tmp_path / "allreduce.py")
     result = subprocess.run(
         [str(VENV_BIN / "hpclaunch"), "sbatch", "--log-dir", "logs", "--gpus-per-node", "0", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return int(result.stdout), env
 
@@ -99,9 +103,20 @@ def test_failing_script_fails_the_job_with_its_root_cause(sandbox: Running, tmp_
     # One rank's error looks like a bad node to the supervisor; --max-requeues 0 makes
     # it give up at once instead of trying the job without that node.
     job_id, env = submit(
-        sandbox, tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "0",
-        "--max-requeues", "0", "allreduce.py", "--fail-rank", "3",
-    )  # fmt: skip
+        sandbox,
+        tmp_path,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        "--max-requeues",
+        "0",
+        "allreduce.py",
+        "--fail-rank",
+        "3",
+    )
     assert finished(env, job_id) == "FAILED"
     log = (tmp_path / "logs" / f"allreduce-{job_id}.out").read_text()
     assert log.count(f"hpclaunch: job {job_id} failed on node") == 1  # printed once
@@ -138,9 +153,16 @@ def test_one_attempt_counter_on_every_node_and_logs_per_rank(
 ) -> None:
     (tmp_path / "crash_once.py").write_text(CRASH_ONCE)
     job_id, env = submit(
-        sandbox, tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1",
+        sandbox,
+        tmp_path,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
         "crash_once.py",
-    )  # fmt: skip
+    )
     state = finished(env, job_id)
     log = (tmp_path / "logs" / f"crash_once-{job_id}.out").read_text()
     assert state == "COMPLETED", log
@@ -180,10 +202,22 @@ def test_one_attempt_counter_on_every_node_and_logs_per_rank(
 def test_topology_rank_order(sandbox: Running, tmp_path: Path) -> None:
     env = job_env(sandbox)
     subprocess.run(
-        ["srun", "-N4", f"--output={tmp_path}/context-%t.json", str(VENV_BIN / "hpclaunch"),
-         "agent", "--dry-run", "--rank-order", "topology", str(EXAMPLE)],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            "srun",
+            "-N4",
+            f"--output={tmp_path}/context-%t.json",
+            str(VENV_BIN / "hpclaunch"),
+            "agent",
+            "--dry-run",
+            "--rank-order",
+            "topology",
+            str(EXAMPLE),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     contexts = [
         json.loads(p.read_text())["context"] for p in sorted(tmp_path.glob("context-*.json"))
     ]
@@ -201,7 +235,10 @@ def test_topology_rank_order(sandbox: Running, tmp_path: Path) -> None:
 def test_agent_outside_an_allocation_says_so() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "hpclaunch", "agent", str(EXAMPLE)],
-        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 2
     assert "not inside a SLURM allocation (SLURM_JOB_ID is not set)" in result.stderr

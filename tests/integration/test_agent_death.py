@@ -43,20 +43,18 @@ def _agent_of(job: Job, node_id: int) -> int:
     of that node's slurmstepd)."""
     table = procs.parents()
     found = [
-        pid for pid in _job_processes(job, f"SLURM_NODEID={node_id}".encode())
+        pid
+        for pid in _job_processes(job, f"SLURM_NODEID={node_id}".encode())
         if " agent " in procs.command_line(pid)
         and procs.command_line(table.get(pid, 0)).startswith("slurmstepd")
-    ]  # fmt: skip
+    ]
     assert len(found) == 1, f"agents of node {node_id}: {found}"
     return found[0]
 
 
 def _srun_of(job: Job) -> int:
     """The pid of the srun the supervisor runs (a child of the batch step's supervisor)."""
-    found = [
-        pid for pid in _job_processes(job)
-        if procs.command_line(pid).startswith("srun ")
-    ]  # fmt: skip
+    found = [pid for pid in _job_processes(job) if procs.command_line(pid).startswith("srun ")]
     assert found, f"no srun of job {job.id}"
     table = procs.parents()
     [srun] = [pid for pid in found if table.get(pid) not in found]  # srun forks a helper

@@ -68,9 +68,13 @@ GUARDS = {
 
 def agent_env(job_id: int, path: str | None = None, **extra: str) -> dict[str, str]:
     env = base_env(
-        SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1",
-        SLURM_NODEID="0", SLURM_STEP_ID="0", **extra,
-    )  # fmt: skip
+        SLURM_JOB_ID=str(job_id),
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_STEP_ID="0",
+        **extra,
+    )
     if path is not None:
         env["PATH"] = path
     return env
@@ -80,10 +84,21 @@ def agent(
     script: Path, out: Path, job_id: int, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "2", "--job-dir",
-         str(out / "job"), *extra, str(script), str(out)],
-        env=env or agent_env(job_id), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "hpclaunch"),
+            "agent",
+            "--nproc-per-node",
+            "2",
+            "--job-dir",
+            str(out / "job"),
+            *extra,
+            str(script),
+            str(out),
+        ],
+        env=env or agent_env(job_id),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def started_workers(out: Path) -> list[procs.Tracked]:
@@ -105,8 +120,11 @@ def test_sigkill_of_the_agent_leaves_no_worker(tmp_path: Path, guard: str) -> No
     env = agent_env(job_id, path)
     dry = subprocess.run(
         [str(VENV_BIN / "hpclaunch"), "agent", "--worker-start", start, "--dry-run", str(script)],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     plan = json.loads(dry.stdout)
     launched_as = plan["launched_as"]
     assert plan["worker_start"] == start
@@ -194,11 +212,24 @@ def test_a_taken_port_is_named_with_its_holder_and_the_fix(tmp_path: Path, rdzv:
         held.listen()
         port = held.getsockname()[1]
         done = subprocess.run(
-            [str(VENV_BIN / "hpclaunch"), "agent", "--rdzv", rdzv, "--nproc-per-node", "1",
-             "--master-port", str(port), "--job-dir", str(tmp_path / "job"), str(script)],
-            env=agent_env(random.randrange(1, 10**6)), capture_output=True, text=True,
+            [
+                str(VENV_BIN / "hpclaunch"),
+                "agent",
+                "--rdzv",
+                rdzv,
+                "--nproc-per-node",
+                "1",
+                "--master-port",
+                str(port),
+                "--job-dir",
+                str(tmp_path / "job"),
+                str(script),
+            ],
+            env=agent_env(random.randrange(1, 10**6)),
+            capture_output=True,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
     assert done.returncode == 1, done.stderr
     said = f"the rendezvous port {port} on localhost (the first node) is already in use by pid "
     assert f"{said}{os.getpid()} (" in done.stderr, done.stderr
@@ -213,11 +244,20 @@ def test_a_job_folder_it_cannot_write_is_one_line(tmp_path: Path) -> None:
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(shared)], check=True)
         done = subprocess.run(
-            [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
-             str(shared / "job"), str(tmp_path / "never.py")],
-            env=agent_env(random.randrange(1, 10**6)), capture_output=True, text=True,
+            [
+                str(VENV_BIN / "hpclaunch"),
+                "agent",
+                "--nproc-per-node",
+                "1",
+                "--job-dir",
+                str(shared / "job"),
+                str(tmp_path / "never.py"),
+            ],
+            env=agent_env(random.randrange(1, 10**6)),
+            capture_output=True,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
     finally:
         subprocess.run(["umount", str(shared)], check=True)
     assert done.returncode == 1

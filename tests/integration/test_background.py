@@ -142,8 +142,11 @@ def test_the_sweep_leaves_the_agents_own_children_alone(tmp_path: Path, by: str)
     script.write_text(AGENT_SIDE)
     done = subprocess.run(
         [str(VENV_BIN / "python"), str(script), str(tmp_path), by],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
         "worker_status": 7,  # not read by the reaping: torch reads its workers' status
@@ -225,10 +228,26 @@ def test_background_processes_end_with_the_slurm_job(sandbox: Running, tmp_path:
     out.mkdir()
     env = job_env(sandbox)
     submitted = subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "sbatch", "--log-dir", "logs", "--gpus-per-node", "0",
-         "--nodes", "2", "--nproc-per-node", "2", "background.py", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "hpclaunch"),
+            "sbatch",
+            "--log-dir",
+            "logs",
+            "--gpus-per-node",
+            "0",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "background.py",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = int(submitted.stdout)
     state = finished(env, job_id)

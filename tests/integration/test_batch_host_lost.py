@@ -26,8 +26,7 @@ from tests.integration.training_jobs import Job
 
 pytestmark = pytest.mark.integration
 
-ARGS = ("--steps", "40", "--checkpoint-every", "5", "--step-time", "0.3",
-        "--result", "result.json")  # fmt: skip
+ARGS = ("--steps", "40", "--checkpoint-every", "5", "--step-time", "0.3", "--result", "result.json")
 ELASTIC = ("--nodes", "2:3", "--no-kill", "--rdzv", "etcd")
 
 
@@ -110,8 +109,11 @@ def test_with_the_sidecar_on_the_lost_host_the_job_is_requeued_without_it(
     batch = ""
     try:
         batch, _ = lose_the_batch_host(sandbox, job)
-        wait_for(lambda: job.fields()["Restarts"] == "1", timeout_s=180,
-                 what=f"job {job.id} to be requeued without {batch}")  # fmt: skip
+        wait_for(
+            lambda: job.fields()["Restarts"] == "1",
+            timeout_s=180,
+            what=f"job {job.id} to be requeued without {batch}",
+        )
         assert job.wait_end() == "COMPLETED", job.log
     finally:
         if batch:

@@ -35,10 +35,25 @@ def sbatch(sandbox: Running, folder: Path, *argv: str) -> subprocess.CompletedPr
     env = dict(sandbox.env)
     env["PATH"] = f"{VENV_BIN}:{env['PATH']}"
     return subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "sbatch", "--log-dir", "logs", "--nodes", "2",
-         "--nproc-per-node", "2", "--gpus-per-node", "0", *argv],
-        cwd=folder, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "hpclaunch"),
+            "sbatch",
+            "--log-dir",
+            "logs",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--gpus-per-node",
+            "0",
+            *argv,
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def marker_job(folder: Path) -> str | None:
@@ -54,8 +69,9 @@ def test_one_folder_one_job_and_continuing_on_purpose(sandbox: Running, tmp_path
     ckpt = tmp_path / "ckpt"
 
     def submit(name: str, *args: str, options: tuple[str, ...] = ()) -> Job:
-        return submit_script(sandbox, tmp_path / name, TRAIN, *args, options=options,
-                             checkpoint_dir=ckpt)  # fmt: skip
+        return submit_script(
+            sandbox, tmp_path / name, TRAIN, *args, options=options, checkpoint_dir=ckpt
+        )
 
     # Submitted (held) while the folder is free: only the check at its start can stop it.
     slipped = submit("slipped", *FIRST, options=("--sbatch-option", "hold"))
@@ -70,9 +86,15 @@ def test_one_folder_one_job_and_continuing_on_purpose(sandbox: Running, tmp_path
     ), refused.stderr
     assert "which is RUNNING: two jobs in one folder" in refused.stderr
 
-    queued = submit("queued", *WHOLE, options=(
-        "--sbatch-option", f"dependency=afterany:{holder.id}", "--adopt-checkpoints",
-    ))  # fmt: skip
+    queued = submit(
+        "queued",
+        *WHOLE,
+        options=(
+            "--sbatch-option",
+            f"dependency=afterany:{holder.id}",
+            "--adopt-checkpoints",
+        ),
+    )
     slipped.run("scontrol", "release", str(slipped.id))
     assert slipped.wait_end() == "FAILED", slipped.log
     assert f"supervisor: checkpoint folder {ckpt} is in use by job {holder.id}" in slipped.log
@@ -139,8 +161,13 @@ def test_a_local_executors_folder_is_its_running_jobs(tmp_path: Path) -> None:
     ckpt, release = tmp_path / "ckpt", tmp_path / "release"
     done = subprocess.run(
         [sys.executable, str(driver), str(tmp_path / "jobs"), str(ckpt), str(release)],
-        cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["owner"] == out["first"]

@@ -90,14 +90,24 @@ def torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProc
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = base_env(
-        PYTHONWARNINGS="ignore::UserWarning", OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore::UserWarning",
+        OMP_NUM_THREADS="1",
         HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(tmp_path / "node-local"),
-    )  # fmt: skip
+    )
     done = subprocess.run(
-        [str(VENV_BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", str(driver),
-         *args],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "torchrun"),
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(driver),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -240,8 +250,12 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     env = base_env(PYTHONWARNINGS="ignore::UserWarning", HPCLAUNCH_JOB_DIR=str(job))
     done = subprocess.run(
         [sys.executable, "-c", CHECKS, str(folder), str(port)],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["one_file"].startswith(
@@ -315,9 +329,12 @@ def test_a_save_in_flight_when_the_group_is_destroyed_is_never_committed(
     folder = tmp_path / "ckpt"
     done = subprocess.run(
         [sys.executable, "-c", DESTROYED, str(folder), str(port)],
-        env=base_env(PYTHONWARNINGS="ignore::UserWarning"), capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
+        env=base_env(PYTHONWARNINGS="ignore::UserWarning"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert "in flight 3" in done.stdout, done.stdout + done.stderr
     assert checkpoint_steps(folder) == []
     assert (

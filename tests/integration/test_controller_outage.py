@@ -44,9 +44,12 @@ def job_state(sandbox: Running, job: str) -> str:
 
 def sbatch(sandbox: Running, *argv: str) -> str:
     return subprocess.run(
-        ["sbatch", "--parsable", *argv], env=sandbox.env, capture_output=True, text=True,
+        ["sbatch", "--parsable", *argv],
+        env=sandbox.env,
+        capture_output=True,
+        text=True,
         check=True,
-    ).stdout.strip()  # fmt: skip
+    ).stdout.strip()
 
 
 def daemon(sandbox: Running, name: str) -> Tracked:
@@ -82,8 +85,15 @@ def test_stop_and_start_controller_keep_the_running_job(sandbox: Running, tmp_pa
 
 def test_restart_node_keeps_the_node_running_its_job(sandbox: Running, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = sbatch(sandbox, "-N1", "-w", "n2", f"--output={out}", "--wrap",
-                 f"srun touch {tmp_path}/started; srun sleep 6; echo done")  # fmt: skip
+    job = sbatch(
+        sandbox,
+        "-N1",
+        "-w",
+        "n2",
+        f"--output={out}",
+        "--wrap",
+        f"srun touch {tmp_path}/started; srun sleep 6; echo done",
+    )
     wait_for(lambda: (tmp_path / "started").exists(), what=f"job {job} to start")
     old = daemon(sandbox, "n2")
     sandbox.box.restart_node("n2")
@@ -125,8 +135,11 @@ def test_the_warning_during_a_controller_outage_requeues_once_it_is_back(
     stopped = time.monotonic()
     try:
         os.kill(supervisor.pid, signal.SIGUSR1)
-        wait_for(lambda: "attempt 2, next try in" in job.log, timeout_s=OUTAGE_S,
-                 what="the supervisor to try SLURM again")  # fmt: skip
+        wait_for(
+            lambda: "attempt 2, next try in" in job.log,
+            timeout_s=OUTAGE_S,
+            what="the supervisor to try SLURM again",
+        )
         assert "[rank0] STOPPED" in job.log  # the workers stopped and checkpointed
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped)))  # the outage itself
     finally:
@@ -154,8 +167,7 @@ def test_a_controller_away_past_the_time_limit_ends_the_job_with_one_line(
     sandbox.box.stop_controller()
     try:
         os.kill(supervisor.pid, signal.SIGUSR1)
-        wait_for(lambda: not supervisor.alive(), timeout_s=60,
-                 what="the supervisor to give up")  # fmt: skip
+        wait_for(lambda: not supervisor.alive(), timeout_s=60, what="the supervisor to give up")
     finally:
         sandbox.box.start_controller()
     assert job.wait_end() == "FAILED", job.log

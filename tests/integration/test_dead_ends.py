@@ -22,14 +22,28 @@ pytestmark = pytest.mark.integration
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 
 
-def hpclaunch(sandbox: Running, folder: Path, *args: str, env: dict[str, str] | None = None,
-              timeout_s: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def hpclaunch(
+    sandbox: Running,
+    folder: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60,
+) -> subprocess.CompletedProcess[str]:
     if env is None:  # the nodes run `hpclaunch agent` from PATH
-        env = {**sandbox.env, "PATH": f"{VENV_BIN}:{sandbox.env['PATH']}",
-               "XDG_STATE_HOME": str(folder / "state")}  # fmt: skip
-    return subprocess.run([str(VENV_BIN / "hpclaunch"), *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=timeout_s,
-                          check=False)  # fmt: skip
+        env = {
+            **sandbox.env,
+            "PATH": f"{VENV_BIN}:{sandbox.env['PATH']}",
+            "XDG_STATE_HOME": str(folder / "state"),
+        }
+    return subprocess.run(
+        [str(VENV_BIN / "hpclaunch"), *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -83,8 +97,10 @@ def test_a_job_that_can_never_start_is_said_so_and_not_followed(
     job = follow.stdout.strip()
     try:
         assert follow.returncode == 1, follow.stderr
-        assert (f"Error: job {job} can never start: it asks for 8 nodes and partition low has "
-                "4 (TotalNodes)") in follow.stderr  # fmt: skip
+        assert (
+            f"Error: job {job} can never start: it asks for 8 nodes and partition low has "
+            "4 (TotalNodes)"
+        ) in follow.stderr
         assert f"`hpclaunch cancel {job}`" in follow.stderr
         status = hpclaunch(sandbox, folder, "status", job)
         assert "waiting for:     PartitionNodeLimit" in status.stdout
@@ -96,9 +112,11 @@ def test_a_job_that_can_never_start_is_said_so_and_not_followed(
 def test_an_invalid_partition_lists_the_partitions(sandbox: Running, folder: Path) -> None:
     done = hpclaunch(sandbox, folder, "sbatch", "-p", "nope", "train.py")
     assert done.returncode == 3
-    assert ("sbatch refused the partition 'nope': it does not exist (sbatch: error: invalid "
-            "partition specified: nope). Partitions here: "
-            "low (default, 4 nodes), high (4 nodes)") in done.stderr  # fmt: skip
+    assert (
+        "sbatch refused the partition 'nope': it does not exist (sbatch: error: invalid "
+        "partition specified: nope). Partitions here: "
+        "low (default, 4 nodes), high (4 nodes)"
+    ) in done.stderr
 
 
 def test_no_slurm_conf_names_the_variable(sandbox: Running, folder: Path) -> None:

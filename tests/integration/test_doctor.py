@@ -18,8 +18,15 @@ def doctor(sandbox: Running, cwd: Path, *args: str, **env: str) -> subprocess.Co
     full = dict(sandbox.env)
     full["PATH"] = f"{VENV_BIN}:{full['PATH']}"
     full.update(env)
-    return subprocess.run([str(VENV_BIN / "hpclaunch"), "doctor", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    return subprocess.run(
+        [str(VENV_BIN / "hpclaunch"), "doctor", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def verdicts(out: str) -> dict[str, str]:
@@ -40,8 +47,10 @@ def test_doctor_on_the_sandbox(sandbox: Running, tmp_path: Path) -> None:
     nope = doctor(sandbox, tmp_path, "--partition", "nope")
     print(nope.stdout)
     assert nope.returncode == 1
-    assert ("problem  partition: 'nope' does not exist; the partitions here are low*, high"
-            in nope.stdout)  # fmt: skip
+    assert (
+        "problem  partition: 'nope' does not exist; the partitions here are low*, high"
+        in nope.stdout
+    )
     assert "problem  job script: sbatch --test-only refuses it" in nope.stdout
 
     big = doctor(sandbox, tmp_path, "--nodes", "8", "--gpus-per-node", "3", "--no-allocate")

@@ -87,8 +87,11 @@ def test_keys_on_a_lease_vanish_after_its_holder_stops(plain: EtcdServer) -> Non
     time.sleep(3)  # longer than the TTL: only the keeper's renewals keep the key
     assert etcd.get("/hpclaunch/test/leased")[0] is not None
     keeper.stop()
-    wait_for(lambda: etcd.get("/hpclaunch/test/leased")[0] is None, timeout_s=10,
-             what="the leased key to expire")  # fmt: skip
+    wait_for(
+        lambda: etcd.get("/hpclaunch/test/leased")[0] is None,
+        timeout_s=10,
+        what="the leased key to expire",
+    )
 
 
 def test_tls_and_user_work_and_each_mistake_is_named(secured: EtcdServer) -> None:
@@ -127,10 +130,21 @@ def test_an_unreachable_etcd_is_an_error_within_the_timeout() -> None:
 def torchrun(server: EtcdServer, run_id: str, conf: str, tmp_path: Path) -> list[str]:
     """Two torchrun agents (plain torchrun: the entry point) through hpclaunch-etcd."""
     argv = [
-        str(VENV_BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
-        "--rdzv-backend", "hpclaunch-etcd", "--rdzv-endpoint", server.endpoint,
-        "--rdzv-id", run_id, "--rdzv-conf", conf, str(EXAMPLE),
-    ]  # fmt: skip
+        str(VENV_BIN / "torchrun"),
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "hpclaunch-etcd",
+        "--rdzv-endpoint",
+        server.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        conf,
+        str(EXAMPLE),
+    ]
     out = subprocess.PIPE
     agents = [
         subprocess.Popen(argv, env=base_env(), cwd=tmp_path, stdout=out, stderr=out, text=True)
@@ -152,8 +166,10 @@ def test_torchrun_rendezvous_through_tls_and_a_user(secured: EtcdServer, tmp_pat
     outputs = torchrun(secured, "tls-run", conf, tmp_path)
     reports = [
         json.loads(line.split("ALLREDUCE ", 1)[1])
-        for out in outputs for line in out.splitlines() if "ALLREDUCE " in line
-    ]  # fmt: skip
+        for out in outputs
+        for line in out.splitlines()
+        if "ALLREDUCE " in line
+    ]
     assert sorted(r["rank"] for r in reports) == [0, 1]
     assert {r["world_size"] for r in reports} == {2} and {r["sum"] for r in reports} == {1.0}
     # Every key of the run is on a lease, so etcd forgets it once the agents are gone.
@@ -176,16 +192,27 @@ HOSTS = ("localhost", "127.0.0.1", "127.0.0.2")
 def agents_env(job_id: int, node: int, nodes: int = 2) -> dict[str, str]:
     """``nodes`` 'nodes' on this machine, as SLURM would describe them to the agents."""
     return base_env(
-        SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST=",".join(HOSTS[:nodes]),
-        SLURM_JOB_NUM_NODES=str(nodes), SLURM_NODEID=str(node), SLURM_STEP_ID="0",
-    )  # fmt: skip
+        SLURM_JOB_ID=str(job_id),
+        SLURM_JOB_NODELIST=",".join(HOSTS[:nodes]),
+        SLURM_JOB_NUM_NODES=str(nodes),
+        SLURM_NODEID=str(node),
+        SLURM_STEP_ID="0",
+    )
 
 
 def run_agents(job_id: int, tmp_path: Path, *options: str, nodes: int = 2) -> list[tuple[int, str]]:
     argv = [
-        str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
-        str(tmp_path / "job"), "--rdzv", "etcd", *options, str(EXAMPLE),
-    ]  # fmt: skip
+        str(VENV_BIN / "hpclaunch"),
+        "agent",
+        "--nproc-per-node",
+        "1",
+        "--job-dir",
+        str(tmp_path / "job"),
+        "--rdzv",
+        "etcd",
+        *options,
+        str(EXAMPLE),
+    ]
     out, err = subprocess.PIPE, subprocess.STDOUT
     agents = [
         subprocess.Popen(
@@ -250,14 +277,23 @@ def test_node_multiple_runs_a_multiple_and_the_spare_stands_by(
     plain: EtcdServer, tmp_path: Path
 ) -> None:
     results = run_agents(
-        8103, tmp_path, "--etcd-endpoint", plain.endpoint, "--nnodes", "2:3",
-        "--node-multiple", "2", nodes=3,
-    )  # fmt: skip
+        8103,
+        tmp_path,
+        "--etcd-endpoint",
+        plain.endpoint,
+        "--nnodes",
+        "2:3",
+        "--node-multiple",
+        "2",
+        nodes=3,
+    )
     assert [status for status, _ in results] == [0, 0, 0], results
     reports = [
         json.loads(line.split("ALLREDUCE ", 1)[1])
-        for _, out in results for line in out.splitlines() if "ALLREDUCE " in line
-    ]  # fmt: skip
+        for _, out in results
+        for line in out.splitlines()
+        if "ALLREDUCE " in line
+    ]
     assert sorted(r["rank"] for r in reports) == [0, 1]  # two nodes ran, one worker each
     assert {r["world_size"] for r in reports} == {2}
     spares = [out for _, out in results if "ALLREDUCE " not in out]

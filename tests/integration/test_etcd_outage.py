@@ -26,10 +26,23 @@ def _start_agents(
     job_id: int, folder: Path, endpoint: str, *train: str
 ) -> list[subprocess.Popen[str]]:
     argv = [
-        str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir",
-        str(folder / "job"), "--rdzv", "etcd", "--etcd-endpoint", endpoint,
-        "--etcd-outage-timeout", "60", str(TRAIN), "--steps", STEPS, *train,
-    ]  # fmt: skip
+        str(VENV_BIN / "hpclaunch"),
+        "agent",
+        "--nproc-per-node",
+        "1",
+        "--job-dir",
+        str(folder / "job"),
+        "--rdzv",
+        "etcd",
+        "--etcd-endpoint",
+        endpoint,
+        "--etcd-outage-timeout",
+        "60",
+        str(TRAIN),
+        "--steps",
+        STEPS,
+        *train,
+    ]
     agents = []
     for node in range(2):
         env = agents_env(job_id, node)

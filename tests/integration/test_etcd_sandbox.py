@@ -45,9 +45,18 @@ def test_agents_rendezvous_through_etcd(
     sandbox: Running, etcd_on_host: EtcdServer, tmp_path: Path, nodes: int
 ) -> None:
     job_id, env = submit(
-        sandbox, tmp_path, "--nodes", str(nodes), "--nproc-per-node", "2", "--rdzv", "etcd",
-        "--etcd-endpoint", etcd_on_host.endpoint, "allreduce.py",
-    )  # fmt: skip
+        sandbox,
+        tmp_path,
+        "--nodes",
+        str(nodes),
+        "--nproc-per-node",
+        "2",
+        "--rdzv",
+        "etcd",
+        "--etcd-endpoint",
+        etcd_on_host.endpoint,
+        "allreduce.py",
+    )
     log_path = tmp_path / "logs" / f"allreduce-{job_id}.out"
     assert finished(env, job_id) == "COMPLETED", log_path.read_text()
     check_ranks(tmp_path, job_id, nodes)
@@ -70,9 +79,17 @@ def etcd_servers_of(job_id: int) -> list[int]:
 
 def test_sidecar_serves_the_job_and_goes_with_it(sandbox: Running, tmp_path: Path) -> None:
     job_id, env = submit(
-        sandbox, tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--rdzv", "etcd",
-        "--etcd-sidecar", "allreduce.py",
-    )  # fmt: skip
+        sandbox,
+        tmp_path,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv",
+        "etcd",
+        "--etcd-sidecar",
+        "allreduce.py",
+    )
     log_path = tmp_path / "logs" / f"allreduce-{job_id}.out"
     assert finished(env, job_id) == "COMPLETED", log_path.read_text()
     check_ranks(tmp_path, job_id, 2)
@@ -90,11 +107,26 @@ def test_tls_and_a_user_with_the_password_from_the_environment(
         sandbox.env["HPCLAUNCH_ETCD_PASSWORD"] = PASSWORD  # sbatch passes it to the job
         try:
             job_id, env = submit(
-                sandbox, tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--rdzv", "etcd",
-                "--etcd-endpoint", server.endpoint, "--etcd-cacert", str(tls / "ca.crt"),
-                "--etcd-cert", str(tls / "client.crt"), "--etcd-key", str(tls / "client.key"),
-                "--etcd-user", USER, "allreduce.py",
-            )  # fmt: skip
+                sandbox,
+                tmp_path,
+                "--nodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv",
+                "etcd",
+                "--etcd-endpoint",
+                server.endpoint,
+                "--etcd-cacert",
+                str(tls / "ca.crt"),
+                "--etcd-cert",
+                str(tls / "client.crt"),
+                "--etcd-key",
+                str(tls / "client.key"),
+                "--etcd-user",
+                USER,
+                "allreduce.py",
+            )
         finally:
             del sandbox.env["HPCLAUNCH_ETCD_PASSWORD"]
         log_path = tmp_path / "logs" / f"allreduce-{job_id}.out"
@@ -108,10 +140,15 @@ def test_a_lost_node_shrinks_the_job_without_a_requeue(
     sandbox: Running, etcd_on_host: EtcdServer, tmp_path: Path
 ) -> None:
     options = (
-        "--nodes", "2:3", "--no-kill", "--rdzv", "etcd", "--etcd-endpoint", etcd_on_host.endpoint,
-    )  # fmt: skip
-    job = submit_training(sandbox, tmp_path, "--steps", "40", "--step-time", "0.3",
-                          options=options)  # fmt: skip
+        "--nodes",
+        "2:3",
+        "--no-kill",
+        "--rdzv",
+        "etcd",
+        "--etcd-endpoint",
+        etcd_on_host.endpoint,
+    )
+    job = submit_training(sandbox, tmp_path, "--steps", "40", "--step-time", "0.3", options=options)
     job.wait_checkpoint(9)
     nodes = expand(job.fields()["NodeList"])
     assert len(nodes) == 3, f"SLURM gave {nodes}, not the 3 of --nodes 2:3"
@@ -172,11 +209,17 @@ def test_a_spare_node_takes_the_place_of_a_lost_one(
     sandbox: Running, etcd_on_host: EtcdServer, tmp_path: Path
 ) -> None:
     options = (
-        "--nodes", "2:3", "--no-kill", "--node-multiple", "2", "--rdzv", "etcd",
-        "--etcd-endpoint", etcd_on_host.endpoint,
-    )  # fmt: skip
-    job = submit_training(sandbox, tmp_path, "--steps", "40", "--step-time", "0.3",
-                          options=options)  # fmt: skip
+        "--nodes",
+        "2:3",
+        "--no-kill",
+        "--node-multiple",
+        "2",
+        "--rdzv",
+        "etcd",
+        "--etcd-endpoint",
+        etcd_on_host.endpoint,
+    )
+    job = submit_training(sandbox, tmp_path, "--steps", "40", "--step-time", "0.3", options=options)
     job.wait_checkpoint(9)
     nodes = expand(job.fields()["NodeList"])
     assert len(nodes) == 3, f"SLURM gave {nodes}, not the 3 of --nodes 2:3"
@@ -187,8 +230,11 @@ def test_a_spare_node_takes_the_place_of_a_lost_one(
     try:
         sandbox.box.kill_node(lost)
         saved = sorted(p.name for p in (job.job_dir / "checkpoints").glob("step-*.pt"))
-        wait_for(lambda: spare in worker_nodes(job.id), timeout_s=60,
-                 what=f"the spare {spare} to run workers")  # fmt: skip
+        wait_for(
+            lambda: spare in worker_nodes(job.id),
+            timeout_s=60,
+            what=f"the spare {spare} to run workers",
+        )
         assert job.wait_end() == "COMPLETED", job.log
     finally:
         sandbox.box.start_node(lost)

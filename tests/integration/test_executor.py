@@ -40,8 +40,9 @@ def executor(folder: Path, **params: object) -> hpclaunch.Executor:
 def scontrol(job_id: str, env: dict[str, str] | None = None) -> dict[str, str]:
     from hpclaunch.slurm.commands import parse_show_job
 
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
-                         check=True, env=env).stdout  # fmt: skip
+    out = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True, env=env
+    ).stdout
     return parse_show_job(out)
 
 
@@ -56,8 +57,11 @@ def test_a_two_node_function_job_returns_rank_zeros_value(
     every = job.results()  # every rank's value, in rank order, as submitit's tasks give
     assert [r["rank"] for r in every] == [0, 1, 2, 3] and every[0] == result, every
     # The result is there before SLURM has closed the job.
-    wait_for(lambda: job.get_info(mode="force").get("State") == "COMPLETED", timeout_s=60,
-             what="the job's end")  # fmt: skip
+    wait_for(
+        lambda: job.get_info(mode="force").get("State") == "COMPLETED",
+        timeout_s=60,
+        what="the job's end",
+    )
     log = job.rank_log(3)
     assert log is not None and log.parent.name == "attempt-0"
     assert job.stdout() is not None and "supervisor: job completed" in job.stdout()
@@ -98,8 +102,11 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_returns_the_right_value(
 ) -> None:
     steps = 40
     job = executor(tmp_path).submit(executor_jobs.count_to, steps, 0.1)
-    wait_for(lambda: (job.job_dir / "checkpoints" / f"step-{5:012d}.pt").exists(),
-             timeout_s=120, what="the checkpoint of step 5")  # fmt: skip
+    wait_for(
+        lambda: (job.job_dir / "checkpoints" / f"step-{5:012d}.pt").exists(),
+        timeout_s=120,
+        what="the checkpoint of step 5",
+    )
     subprocess.run(["scontrol", "requeue", job.job_id], check=True)
     result = job.result()
     assert result["total"] == sum(range(steps))
@@ -113,8 +120,11 @@ def test_a_submitit_checkpointable_callable_is_requeued_with_its_state(
 ) -> None:
     progress = tmp_path / "progress"
     job = executor(tmp_path).submit(executor_jobs.Counter(), 30, 0.2, str(progress))
-    wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 4,
-             timeout_s=120, what="the callable's step 4")  # fmt: skip
+    wait_for(
+        lambda: progress.exists() and int(progress.read_text() or 0) >= 4,
+        timeout_s=120,
+        what="the callable's step 4",
+    )
     subprocess.run(["scontrol", "requeue", job.job_id], check=True)
     result = job.result()
     assert result["requeue"] == 1
@@ -130,8 +140,11 @@ def test_submitits_interrupt_requeues_a_checkpointable_callable(
     job's steps only (SIGTERM then SIGUSR2 for a preemption, SIGUSR2 for a timeout)."""
     progress = tmp_path / "progress"
     job = executor(tmp_path).submit(executor_jobs.Counter(), 30, 0.2, str(progress))
-    wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 4,
-             timeout_s=120, what="the callable's step 4")  # fmt: skip
+    wait_for(
+        lambda: progress.exists() and int(progress.read_text() or 0) >= 4,
+        timeout_s=120,
+        what="the callable's step 4",
+    )
     job._interrupt(timeout=timeout)
     result = job.result()
     assert result["requeue"] == 1 and result["done"] == list(range(30)), result
@@ -154,8 +167,11 @@ def test_an_array_of_three_two_node_jobs_completes(on_sandbox: Running, tmp_path
 
 def test_cancel_ends_the_job_without_a_requeue(on_sandbox: Running, tmp_path: Path) -> None:
     job = executor(tmp_path).submit(executor_jobs.count_to, 200, 0.1)
-    wait_for(lambda: (job.job_dir / "checkpoints" / f"step-{2:012d}.pt").exists(),
-             timeout_s=120, what="the checkpoint of step 2")  # fmt: skip
+    wait_for(
+        lambda: (job.job_dir / "checkpoints" / f"step-{2:012d}.pt").exists(),
+        timeout_s=120,
+        what="the checkpoint of step 2",
+    )
     job.cancel()
     with pytest.raises(UncompletedJobError, match="CANCELLED"):
         job.result()

@@ -75,8 +75,13 @@ def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
     driver.write_text(DRIVER)
     done = subprocess.run(
         [sys.executable, str(driver), str(tmp_path / "jobs"), str(tmp_path / "ckpt")],
-        cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
     result = out["result"]

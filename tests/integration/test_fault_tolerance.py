@@ -141,8 +141,11 @@ def test_a_partitioned_batch_host_healed_leaves_every_run_in_the_history(
     # The old run's processes on the healed host end once its slurmd registers again and
     # SLURM tells it the job is no longer there: that can take longer than wait_end waits.
     entry = f"SLURM_JOB_ID={job.id}".encode()
-    wait_for(lambda: not procs.with_environ(entry), timeout_s=120,
-             what="the old run on the healed host to end")  # fmt: skip
+    wait_for(
+        lambda: not procs.with_environ(entry),
+        timeout_s=120,
+        what="the old run on the healed host to end",
+    )
     assert job.wait_end() == "COMPLETED", job.log
     assert job.history() == [(0, "lost", "SLURM requeues"), (1, "completed", "none")], job.log
     assert digest_of(job) == uninterrupted
@@ -178,8 +181,14 @@ def test_a_real_time_limit_warning_requeues_and_resumes(sandbox: Running, tmp_pa
     steps = ("--steps", "500", "--checkpoint-every", "25")
     reference = submit(sandbox, tmp_path / "reference", *steps, "--step-time", "0")
     assert reference.wait_end() == "COMPLETED", reference.log
-    job = submit(sandbox, tmp_path / "limited", *steps, "--step-time", "0.15",
-                 options=("--time", "2", "--signal-lead", "60"))  # fmt: skip
+    job = submit(
+        sandbox,
+        tmp_path / "limited",
+        *steps,
+        "--step-time",
+        "0.15",
+        options=("--time", "2", "--signal-lead", "60"),
+    )
     wait_for(lambda: job.fields()["JobState"] in ENDED, timeout_s=600, what=f"job {job.id}")
     assert job.wait_end() == "COMPLETED", job.log
     assert digest_of(job, last=True) == digest_of(reference)

@@ -107,8 +107,11 @@ def test_a_stopped_lightning_job_saves_requeues_once_and_resumes_exactly(
     epoch done and the uninterrupted digest, resumed from Lightning's checkpoint, after
     one requeue; each worker got the stop signal once (its handler ran once)."""
     job = submit(sandbox, tmp_path, LIGHTNING, str(tmp_path), "0.3")
-    wait_for(lambda: any(s >= 10 for s in lightning_saved(job)), timeout_s=120,
-             what=f"job {job.id}'s Lightning checkpoint of step 10")  # fmt: skip
+    wait_for(
+        lambda: any(s >= 10 for s in lightning_saved(job)),
+        timeout_s=120,
+        what=f"job {job.id}'s Lightning checkpoint of step 10",
+    )
     if how == "a lost node":
         assert end_with_a_lost_node(sandbox, job)[0] == "COMPLETED", job.log
     else:

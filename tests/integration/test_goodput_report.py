@@ -23,8 +23,14 @@ STEPS = ("--steps", "60", "--checkpoint-every", "5", "--step-time", "0.15")
 
 
 def hpclaunch(job_env: dict[str, str], cwd: Path, *argv: str) -> str:
-    done = subprocess.run([str(VENV_BIN / "hpclaunch"), *argv], cwd=cwd, env=job_env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(VENV_BIN / "hpclaunch"), *argv],
+        cwd=cwd,
+        env=job_env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -164,8 +164,10 @@ def test_a_node_that_hangs_every_time_is_kept_out_of_the_requeue(
     assert job.history() == [(0, "bad nodes", "requeue"), (1, "completed", "none")]
     assert digest_of(job) == uninterrupted
     # Two hangs on the first run, each begun on the hanging node; then no more restarts.
-    named = [(f.requeue, f.attempt, f.node) for f in hangs.first_hung(
-        hangs.read_reports(JobFolder(job.job_dir)))]  # fmt: skip
+    named = [
+        (f.requeue, f.attempt, f.node)
+        for f in hangs.first_hung(hangs.read_reports(JobFolder(job.job_dir)))
+    ]
     assert named == [(0, 0, hanging), (0, 1, hanging)]
     assert "hangs began on this node 2 times: not restarting its workers again" in job.log
     assert f"supervisor: failure records: errors on some nodes only {hanging}" in job.log
@@ -177,8 +179,15 @@ def test_a_hang_in_the_checkpoint_after_a_stop_signal_ends_in_a_requeue(
     # The agents give the workers 3/4 of the signal lead (15 s) to save and exit after
     # the time-limit warning; rank 3 stops instead, the others wait for it in the save.
     # Steps of 0.4 s: the warning lands well before the 20 steps after step 9 could end it.
-    job = submit(sandbox, tmp_path, "--hang-when-stopping", "3", "--step-time", "0.4",
-                 options=("--signal-lead", "20"))  # fmt: skip
+    job = submit(
+        sandbox,
+        tmp_path,
+        "--hang-when-stopping",
+        "3",
+        "--step-time",
+        "0.4",
+        options=("--signal-lead", "20"),
+    )
     job.wait_checkpoint(9)
     job.run("scancel", "--signal=USR1", "--batch", str(job.id))
     assert job.wait_end() == "COMPLETED", job.log

@@ -54,8 +54,11 @@ def run_rendered(
     (workdir / script_name).write_text("print('hi')\n")
     render = subprocess.run(
         [str(hpclaunch_bin), "sbatch", "--dry-run", *extra, "--", script_name, *args],
-        cwd=workdir, env=base_env(), capture_output=True, check=False,
-    )  # fmt: skip
+        cwd=workdir,
+        env=base_env(),
+        capture_output=True,
+        check=False,
+    )
     assert render.returncode == 0, render.stderr.decode()
     job = workdir / "job.sbatch"
     job.write_bytes(render.stdout)
@@ -67,9 +70,11 @@ def run_rendered(
     (stubs / "srun").write_text(STUB_SRUN)
     (stubs / "srun").chmod(0o755)
     env = base_env(
-        SLURM_SUBMIT_DIR=str(workdir), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
+        SLURM_SUBMIT_DIR=str(workdir),
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NUM_NODES="2",
         SRUN_RECORD=str(tmp_path / "record"),
-    )  # fmt: skip
+    )
     env["PATH"] = f"{stubs}:{env['PATH']}"
     ran = subprocess.run(["bash", str(job)], cwd=workdir, env=env, capture_output=True, check=False)
     return ran, workdir
@@ -81,12 +86,19 @@ def test_hostile_strings_reach_the_training_command_byte_for_byte(
     script_name = "my train's $(touch PWNED) ✓.py"
     env_values = {f"HOSTILE_{i}": value for i, value in enumerate(HOSTILE)}
     extra = [
-        "--nodes", "2", "--job-name", "".join(ONE_LINE),
-        "--log-dir", "logs it's $(touch PWNED) `x` ; ✓",
-        "--checkpoint-dir", "ckpt \"dir\"\n$(touch PWNED)",
-        "--partition", "p;touch PWNED",
-        "--sbatch-option", "comment=" + "".join(ONE_LINE),
-    ]  # fmt: skip
+        "--nodes",
+        "2",
+        "--job-name",
+        "".join(ONE_LINE),
+        "--log-dir",
+        "logs it's $(touch PWNED) `x` ; ✓",
+        "--checkpoint-dir",
+        'ckpt "dir"\n$(touch PWNED)',
+        "--partition",
+        "p;touch PWNED",
+        "--sbatch-option",
+        "comment=" + "".join(ONE_LINE),
+    ]
     for key, value in env_values.items():
         extra += ["--env", f"{key}={value}"]
     ran, workdir = run_rendered(tmp_path, hpclaunch_bin, extra, script_name, HOSTILE)
@@ -117,8 +129,12 @@ def test_one_line_values_with_line_breaks_are_refused(tmp_path: Path, hpclaunch_
     for flag in ("--job-name", "--log-dir", "--partition"):
         result = subprocess.run(
             [str(hpclaunch_bin), "sbatch", "--dry-run", flag, "x\ntouch PWNED", "t.py"],
-            cwd=tmp_path, env=base_env(), capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            cwd=tmp_path,
+            env=base_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert result.returncode == 2
         assert "line break" in result.stderr and flag in result.stderr
         assert result.stdout == ""

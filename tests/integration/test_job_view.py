@@ -28,10 +28,22 @@ PROGRESS = re.compile(
 
 def follow(job: Job) -> subprocess.Popen[str]:
     """``hpclaunch status --follow`` of ``job``, started now and left to end by itself."""
-    argv = [str(VENV_BIN / "hpclaunch"), "status", "--follow", "--job-dir", str(job.job_dir),
-            str(job.id)]  # fmt: skip
-    return subprocess.Popen(argv, cwd=job.folder, env=job.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    argv = [
+        str(VENV_BIN / "hpclaunch"),
+        "status",
+        "--follow",
+        "--job-dir",
+        str(job.job_dir),
+        str(job.id),
+    ]
+    return subprocess.Popen(
+        argv,
+        cwd=job.folder,
+        env=job.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def followed(follower: subprocess.Popen[str]) -> list[str]:
@@ -44,8 +56,18 @@ def followed(follower: subprocess.Popen[str]) -> list[str]:
 def test_follow_shows_progress_eta_loss_and_why_the_group_restarted(
     sandbox: Running, tmp_path: Path
 ) -> None:
-    job = submit(sandbox, tmp_path, TRAIN, "--steps", "80", "--step-time", "0.3",
-                 "--checkpoint-every", "5", *CRASH)  # fmt: skip
+    job = submit(
+        sandbox,
+        tmp_path,
+        TRAIN,
+        "--steps",
+        "80",
+        "--step-time",
+        "0.3",
+        "--checkpoint-every",
+        "5",
+        *CRASH,
+    )
     follower = follow(job)
     assert job.wait_end() == "COMPLETED", job.log
     lines = followed(follower)
@@ -56,8 +78,9 @@ def test_follow_shows_progress_eta_loss_and_why_the_group_restarted(
     assert len(restarts) == 1, lines
     assert re.fullmatch(
         r"worker group restarted in place: attempt 1 began after attempt 0 failed: "
-        r"rank 3 on n\d: rank 3: crashing at step 12", restarts[0]
-    ), restarts  # fmt: skip
+        r"rank 3 on n\d: rank 3: crashing at step 12",
+        restarts[0],
+    ), restarts
     # Never a flood: at most one progress line per 30 s of stepping, plus the attempts'.
     assert len(shown) <= 4, lines
     final = job.status()
@@ -66,10 +89,17 @@ def test_follow_shows_progress_eta_loss_and_why_the_group_restarted(
 
 
 def status_json(job: Job) -> dict[str, object]:
-    argv = [str(VENV_BIN / "hpclaunch"), "status", "--json", "--job-dir", str(job.job_dir),
-            str(job.id)]  # fmt: skip
-    done = subprocess.run(argv, cwd=job.folder, env=job.env, capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    argv = [
+        str(VENV_BIN / "hpclaunch"),
+        "status",
+        "--json",
+        "--job-dir",
+        str(job.job_dir),
+        str(job.id),
+    ]
+    done = subprocess.run(
+        argv, cwd=job.folder, env=job.env, capture_output=True, text=True, check=True
+    )
     data: dict[str, object] = json.loads(done.stdout)
     return data
 
@@ -86,8 +116,17 @@ def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     # Checkpoints at steps 149 and 299 only; the node is killed once a step after 149's
     # checkpoint is noted (the agents note every 10 s: at most ~50 steps after it), ~20 s
     # of steps before the next one, so the run ends between the two, never on one.
-    job = submit(sandbox, tmp_path, TRAIN, "--steps", "300", "--step-time", "0.2",
-                 "--checkpoint-every", "150")  # fmt: skip
+    job = submit(
+        sandbox,
+        tmp_path,
+        TRAIN,
+        "--steps",
+        "300",
+        "--step-time",
+        "0.2",
+        "--checkpoint-every",
+        "150",
+    )
     follower = follow(job)
     job.wait_checkpoint(149)
     wait_for(lambda: stepped(job) > 150, timeout_s=60, what=f"job {job.id} past step 150")
@@ -98,8 +137,9 @@ def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     assert len(said) == 1, lines
     found = re.fullmatch(
         r"lost work: run 0 did (\d+) steps; its last checkpoint \(step (\d+)\) holds (\d+): "
-        r"the next run repeats (\d+) steps?", said[0]
-    )  # fmt: skip
+        r"the next run repeats (\d+) steps?",
+        said[0],
+    )
     assert found, said
     steps, index, holds, repeats = map(int, found.groups())
     assert holds == index + 1 and holds == 150 and repeats == steps - holds > 0, said

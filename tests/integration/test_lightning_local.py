@@ -82,9 +82,13 @@ def test_a_callback_after_stop_checkpoint_that_ends_batches_is_refused(tmp_path:
             return torch.utils.data.DataLoader(torch.ones(4, 1))
 
     trainer = lightning.Trainer(
-        callbacks=[hl.StopCheckpoint(dirpath=tmp_path), Averaging()], max_epochs=1,
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        callbacks=[hl.StopCheckpoint(dirpath=tmp_path), Averaging()],
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
         enable_progress_bar=False,
-    )  # fmt: skip
+    )
     with pytest.raises(RuntimeError, match="StopCheckpoint comes before Averaging in Trainer"):
         trainer.fit(Model())

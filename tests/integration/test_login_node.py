@@ -95,9 +95,13 @@ print("TORCH_LOADED" if "torch" in sys.modules else "NO_TORCH", file=sys.stderr)
 
 def test_the_python_api_submits_without_importing_torch(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", API_PROBE, str(tmp_path / "jobs")], cwd=tmp_path,
-        env=base_env(), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", API_PROBE, str(tmp_path / "jobs")],
+        cwd=tmp_path,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().endswith("NO_TORCH"), result.stderr
 
@@ -110,9 +114,12 @@ def test_real_sbatch_failure_is_shown(tmp_path: Path, hpclaunch_bin: Path) -> No
     (tmp_path / "slurm.conf").write_text("ClusterName=test\nBogusKey=1\n")
     result = subprocess.run(
         [str(hpclaunch_bin), "sbatch", "train.py"],
-        cwd=tmp_path, env=base_env(SLURM_CONF=str(tmp_path / "slurm.conf")),
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=base_env(SLURM_CONF=str(tmp_path / "slurm.conf")),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 3
     conf = tmp_path / "slurm.conf"
     assert result.stderr.startswith(
@@ -130,8 +137,12 @@ def test_no_sbatch_on_path(tmp_path: Path, hpclaunch_bin: Path) -> None:
     empty.mkdir()
     result = subprocess.run(
         [sys.executable, "-m", "hpclaunch", "sbatch", "train.py"],
-        cwd=tmp_path, env=base_env(PATH=str(empty)), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=base_env(PATH=str(empty)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 3
     assert "sbatch is not on PATH: this does not look like a SLURM login node" in result.stderr
     assert "--dry-run" in result.stderr

@@ -23,10 +23,23 @@ def test_the_c10d_hostname_warning_is_summarised_once(sandbox: Running, tmp_path
     env["PATH"] = f"{VENV_BIN}:{env['PATH']}"
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     shutil.copy(TRAIN, tmp_path / "train.py")
-    argv = [str(VENV_BIN / "hpclaunch"), "sbatch", "--follow", "--log-dir", "logs",
-            "--nodes", "2", "--nproc-per-node", "2", "train.py", "--steps", "10"]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240, check=False)  # fmt: skip
+    argv = [
+        str(VENV_BIN / "hpclaunch"),
+        "sbatch",
+        "--follow",
+        "--log-dir",
+        "logs",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        "--steps",
+        "10",
+    ]
+    done = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
     assert done.returncode == 0, done.stderr
     job = int(done.stdout)
     batch = (tmp_path / "logs" / f"train-{job}.out").read_text()

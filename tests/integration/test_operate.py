@@ -31,16 +31,22 @@ class Cli:
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [str(VENV_BIN / "hpclaunch"), *args]
-        done = subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, cwd=self.folder, env=self.env, capture_output=True, text=True, check=False
+        )
         if check:
             assert done.returncode == 0, done.stderr
         return done
 
     def start(self, *args: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen([str(VENV_BIN / "hpclaunch"), *args], cwd=self.folder,
-                                   env=self.env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        process = subprocess.Popen(
+            [str(VENV_BIN / "hpclaunch"), *args],
+            cwd=self.folder,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.started.append(process)
         return process
 
@@ -49,8 +55,19 @@ class Cli:
         return data
 
     def submit_args(self, *train: str, follow: bool = False) -> list[str]:
-        return ["sbatch", *(["--follow"] if follow else []), "--log-dir", "logs",
-                "--nodes", "2", "--nproc-per-node", "2", "train.py", *STEPS, *train]  # fmt: skip
+        return [
+            "sbatch",
+            *(["--follow"] if follow else []),
+            "--log-dir",
+            "logs",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "train.py",
+            *STEPS,
+            *train,
+        ]
 
 
 @pytest.fixture
@@ -80,8 +97,11 @@ def test_a_requeued_job_followed_to_its_end(cli: Cli) -> None:
     job = int(follower.stdout.readline())
     job_dir = cli.folder / "logs" / str(job)
     # train.py checkpoints after steps 4, 9, 14, ... and keeps the last two.
-    wait_for(lambda: (job_dir / "checkpoints" / f"step-{9:012d}.pt").exists(), timeout_s=120,
-             what="the checkpoint of step 9")  # fmt: skip
+    wait_for(
+        lambda: (job_dir / "checkpoints" / f"step-{9:012d}.pt").exists(),
+        timeout_s=120,
+        what="the checkpoint of step 9",
+    )
     running = cli.status(job)
     assert running["state"] == "RUNNING" and len(running["nodes"]) == 2
     assert running["requeues"] == 0 and running["max_requeues"] == 3
@@ -101,8 +121,9 @@ def test_a_requeued_job_followed_to_its_end(cli: Cli) -> None:
     done = cli.status(job)
     assert done["state"] == "COMPLETED" and done["ended"] and done["requeues"] == 1
     assert [(run["requeue"], run["reason"]) for run in done["runs"]] == [
-        (0, "requeued by SLURM"), (1, "completed")
-    ]  # fmt: skip
+        (0, "requeued by SLURM"),
+        (1, "completed"),
+    ]
     assert done["checkpoint_step"] == 29 and done["root_cause"] is None
     human = cli.run("status", str(job)).stdout
     assert human.startswith(f"job {job} (train): COMPLETED\n")
@@ -146,8 +167,11 @@ def test_a_failed_job_shows_its_root_cause(cli: Cli) -> None:
 def test_cancel_ends_a_running_job_for_good(cli: Cli) -> None:
     job = int(cli.run(*cli.submit_args()).stdout)
     job_dir = cli.folder / "logs" / str(job)
-    wait_for(lambda: (job_dir / "checkpoints" / f"step-{4:012d}.pt").exists(), timeout_s=120,
-             what="the checkpoint of step 4")  # fmt: skip
+    wait_for(
+        lambda: (job_dir / "checkpoints" / f"step-{4:012d}.pt").exists(),
+        timeout_s=120,
+        what="the checkpoint of step 4",
+    )
     nodes = cli.status(job)["nodes"]
     follower = cli.start("status", "--follow", str(job))
     out = cli.run("cancel", str(job)).stdout
@@ -157,8 +181,11 @@ def test_cancel_ends_a_running_job_for_good(cli: Cli) -> None:
     cancelled = cli.status(job)
     assert cancelled["state"] == "CANCELLED" and cancelled["requeues"] == 0
     assert cancelled["nodes"] == nodes
-    wait_for(lambda: bool(cli.status(job)["runs"][-1]["reason"]), timeout_s=30,
-             what="the supervisor's record")  # fmt: skip
+    wait_for(
+        lambda: bool(cli.status(job)["runs"][-1]["reason"]),
+        timeout_s=30,
+        what="the supervisor's record",
+    )
     assert [run["reason"] for run in cli.status(job)["runs"]] == ["cancelled"]
     _, followed = follower.communicate(timeout=60)  # docs/operating.md: 128 + SIGTERM
     assert cancelled["exit_code"] == "143:0" and follower.returncode == 143, followed

@@ -93,21 +93,42 @@ def test_status_names_the_snapshot_a_ddp_example_saved(sandbox: Running, tmp_pat
     (folder / "multinode.py").write_text(DDP_EXAMPLE)
 
     def hpclaunch(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(VENV_BIN / "hpclaunch"), *args], cwd=folder, env=env,
-                              capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
+        return subprocess.run(
+            [str(VENV_BIN / "hpclaunch"), *args],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
 
-    submitted = hpclaunch("sbatch", "--follow", "--log-dir", "logs", "--nodes", "2",
-                          "--nproc-per-node", "2", "--checkpoint-pattern", "snapshot.pt",
-                          "--checkpoint-pattern", "no-such-folder/*.ckpt",
-                          "multinode.py", "1", "12")  # fmt: skip
+    submitted = hpclaunch(
+        "sbatch",
+        "--follow",
+        "--log-dir",
+        "logs",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--checkpoint-pattern",
+        "snapshot.pt",
+        "--checkpoint-pattern",
+        "no-such-folder/*.ckpt",
+        "multinode.py",
+        "1",
+        "12",
+    )
     job = int(submitted.stdout)
     assert submitted.returncode == 0, (
         submitted.stderr + (folder / "logs").joinpath(f"multinode-{job}.out").read_text()
     )
     snapshot = folder / "snapshot.pt"
     assert snapshot.is_file()
-    followed = [line.split(": ", 1)[1] for line in submitted.stderr.splitlines()
-                if line.startswith("[")]  # fmt: skip
+    followed = [
+        line.split(": ", 1)[1] for line in submitted.stderr.splitlines() if line.startswith("[")
+    ]
     assert f"checkpoint: {snapshot}" in followed, followed
 
     human = hpclaunch("status", str(job))

@@ -47,8 +47,10 @@ def test_a_fresh_python_counts_optimizer_steps_and_dumps_its_stacks(tmp_path: Pa
     own = tmp_path / "own"
     own.mkdir()
     (own / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
-    files = {progress.PROGRESS_FILE: str(tmp_path / "rank.progress"),
-             progress.STACKS_FILE: str(tmp_path / "rank.stacks")}  # fmt: skip
+    files = {
+        progress.PROGRESS_FILE: str(tmp_path / "rank.progress"),
+        progress.STACKS_FILE: str(tmp_path / "rank.stacks"),
+    }
     env = base_env(PYTHONPATH=str(own), **files)
     env.update(boot_env.boot_env(env))
     argv = [sys.executable, "-u", str(script)]
@@ -108,8 +110,9 @@ def test_a_fresh_python_without_a_sitecustomize_of_its_own_starts_cleanly(
     env = base_env(**{progress.PROGRESS_FILE: str(path)})
     env.update(boot_env.boot_env(env))
     env["PYTHONPATH"] = f"{tmp_path / 'src'}:{env['PYTHONPATH']}"  # the launcher's own
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, check=True
+    )
     assert done.stderr == ""  # no "Error in sitecustomize"
     assert done.stdout.strip() == str(tmp_path / "src")  # the launcher's part stays
     counted = progress.read(str(path))

@@ -25,8 +25,12 @@ def run_page(folder: Path, env: dict[str, str]) -> str:
     commands = page.steps(page.PAGE.read_text())
     shell = subprocess.Popen(
         ["bash", "-c", page.script(commands)],
-        cwd=folder, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = shell.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -48,8 +52,14 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     try:
         output = run_page(checkout, env)
     finally:
-        down = subprocess.run(["hpclaunch", "sandbox", "down"], env=env, capture_output=True,
-                              text=True, timeout=120, check=False)  # fmt: skip
+        down = subprocess.run(
+            ["hpclaunch", "sandbox", "down"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     assert down.returncode == 0, down.stderr
     commands = page.steps(page.PAGE.read_text())
     results = page.split_output(output)

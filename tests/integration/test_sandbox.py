@@ -89,8 +89,11 @@ def test_tasks_see_one_job_and_reach_the_first_node(sandbox: Running, tmp_path: 
     assert [r["SLURM_NODEID"] for r in records] == ["0", "1", "2", "3"]
     assert [r["SLURMD_NODENAME"] for r in records] == ["n1", "n2", "n3", "n4"]
     assert [r["SLURM_TOPOLOGY_ADDR"] for r in records] == [
-        "spine.leaf1.n1", "spine.leaf1.n2", "spine.leaf2.n3", "spine.leaf2.n4",
-    ]  # fmt: skip
+        "spine.leaf1.n1",
+        "spine.leaf1.n2",
+        "spine.leaf2.n3",
+        "spine.leaf2.n4",
+    ]
     assert {r["CUDA_VISIBLE_DEVICES"] for r in records} == {"0,1"}
     assert {r["SLURM_GPUS_ON_NODE"] for r in records} == {"2"}
     assert {r["first_addr"] for r in records} == {sandbox.layout.node("n1").addr}
@@ -103,9 +106,15 @@ def test_killed_node_goes_down_and_the_job_is_requeued(sandbox: Running, tmp_pat
     starts = tmp_path / "starts"
     (tmp_path / "job.sh").write_text(JOB)
     job = run(
-        sandbox.env, "sbatch", "--parsable", "--requeue", "-N2", f"--output={tmp_path}/out",
-        str(tmp_path / "job.sh"), str(starts),
-    ).strip()  # fmt: skip
+        sandbox.env,
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        "-N2",
+        f"--output={tmp_path}/out",
+        str(tmp_path / "job.sh"),
+        str(starts),
+    ).strip()
     try:
         wait_for(lambda: starts.exists() and starts.read_text().startswith("0 "), what="the start")
         wait_for(lambda: step_running(sandbox, job), what="the job's srun step")
@@ -133,9 +142,17 @@ def test_high_partition_preempts_and_requeues_low(sandbox: Running, tmp_path: Pa
     starts = tmp_path / "starts"
     (tmp_path / "job.sh").write_text(JOB)
     low = run(
-        sandbox.env, "sbatch", "--parsable", "--requeue", "--exclusive", "-N4", "--partition=low",
-        f"--output={tmp_path}/low.out", str(tmp_path / "job.sh"), str(starts),
-    ).strip()  # fmt: skip
+        sandbox.env,
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        "--exclusive",
+        "-N4",
+        "--partition=low",
+        f"--output={tmp_path}/low.out",
+        str(tmp_path / "job.sh"),
+        str(starts),
+    ).strip()
     try:
         wait_for(
             lambda: starts.exists() and starts.read_text().startswith("0 "),
@@ -242,8 +259,10 @@ def test_cli_commands(tmp_path: Path, hpclaunch_bin: Path) -> None:
     require_sandbox()
     spaced = subprocess.run(
         [str(hpclaunch_bin), "sandbox", "--state-dir", str(tmp_path / "a b"), "up"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert spaced.returncode == 1 and "characters slurm.conf cannot hold" in spaced.stderr
     state = tmp_path / "cli-box"
 

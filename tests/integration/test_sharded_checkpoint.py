@@ -32,11 +32,15 @@ STEPS = ("--steps", "30", "--checkpoint-every", "5", "--step-time", "0.15")
 
 
 def submit(
-    sandbox: Running, folder: Path, *args: str, checkpoint_dir: Path | None = None,
+    sandbox: Running,
+    folder: Path,
+    *args: str,
+    checkpoint_dir: Path | None = None,
     options: tuple[str, ...] = (),
-) -> Job:  # fmt: skip
-    return submit_script(sandbox, folder, TRAIN, *STEPS, *args, checkpoint_dir=checkpoint_dir,
-                         options=options)  # fmt: skip
+) -> Job:
+    return submit_script(
+        sandbox, folder, TRAIN, *STEPS, *args, checkpoint_dir=checkpoint_dir, options=options
+    )
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +156,9 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_previous_one_used(
     os.truncate(shard, size // 2)
 
     # The first job's folder, on purpose.
-    again = submit(sandbox, tmp_path / "again", checkpoint_dir=folder,
-                   options=("--adopt-checkpoints",))  # fmt: skip
+    again = submit(
+        sandbox, tmp_path / "again", checkpoint_dir=folder, options=("--adopt-checkpoints",)
+    )
     assert again.wait_end() == "COMPLETED", again.log
     assert f"hpclaunch checkpoint: {latest} cannot be loaded" in again.log
     assert f"hpclaunch checkpoint: {latest} failed to load" in again.log

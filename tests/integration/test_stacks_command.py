@@ -50,8 +50,9 @@ def ready(job: Job) -> bool:
 
 def stacks(job: Job, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [str(VENV_BIN / "hpclaunch"), "stacks", *args, str(job.id)]
-    return subprocess.run(argv, cwd=job.folder, env=job.env, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        argv, cwd=job.folder, env=job.env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_stacks_of_every_rank_of_a_running_job(sandbox: Running, tmp_path: Path) -> None:

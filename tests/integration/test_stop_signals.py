@@ -33,8 +33,11 @@ def test_each_worker_gets_a_stop_signal_once(sandbox: Running, tmp_path: Path, h
     notes = tmp_path / "notes"
     notes.mkdir()
     job = submit(sandbox, tmp_path, SCRIPT, str(notes))
-    wait_for(lambda: len(list(notes.glob("requeue-0-rank-*.txt"))) == RANKS, timeout_s=120,
-             what="every worker to start")  # fmt: skip
+    wait_for(
+        lambda: len(list(notes.glob("requeue-0-rank-*.txt"))) == RANKS,
+        timeout_s=120,
+        what="every worker to start",
+    )
     command = {
         "scontrol requeue": ("scontrol", "requeue", str(job.id)),
         "time-limit warning": ("scancel", "--signal=USR1", "--batch", str(job.id)),
@@ -57,14 +60,19 @@ def test_workers_killed_by_an_uncaught_warning_are_named_in_the_log(
     notes = tmp_path / "notes"
     notes.mkdir()
     job = submit(sandbox, tmp_path, SCRIPT, str(notes), "uncaught")
-    wait_for(lambda: len(list(notes.glob("requeue-0-rank-*.txt"))) == RANKS, timeout_s=120,
-             what="every worker to start")  # fmt: skip
+    wait_for(
+        lambda: len(list(notes.glob("requeue-0-rank-*.txt"))) == RANKS,
+        timeout_s=120,
+        what="every worker to start",
+    )
     job.run("scancel", "--signal=USR1", "--batch", str(job.id))
     assert job.wait_end() == "COMPLETED", job.log
     said = "local ranks 0,1 were killed by SIGUSR1: they do not catch it, so they saved nothing"
     assert job.log.count(said) == 2, job.log  # one line from each node's agent
     first = json.loads((job.job_dir / "history.json").read_text())["runs"][0]
     nodes = ",".join(sorted(expand(first["nodes"])))
-    assert f"run 0: the workers on {nodes} were killed by SIGUSR1, which they do not catch" \
-        in job.status()  # fmt: skip
+    assert (
+        f"run 0: the workers on {nodes} were killed by SIGUSR1, which they do not catch"
+        in job.status()
+    )
     assert job.history() == [(0, "time limit", "requeue"), (1, "completed", "none")]

@@ -72,8 +72,14 @@ def on_every_node(
 
 def status_text(job: Job) -> str:
     """`hpclaunch status JOBID` as a user runs it from the submit folder."""
-    done = subprocess.run([str(VENV_BIN / "hpclaunch"), "status", str(job.id)], cwd=job.folder,
-                          env=job.env, capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(VENV_BIN / "hpclaunch"), "status", str(job.id)],
+        cwd=job.folder,
+        env=job.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.stdout.startswith(f"job {job.id} (train): FAILED"), done.stdout + done.stderr
     return done.stdout
 
@@ -108,12 +114,15 @@ def test_a_full_checkpoint_folder_fails_the_job_and_blames_no_node(
     fill = 'cat /dev/zero > "$1/filler" 2>/dev/null; test "$(stat -f -c %a "$1")" = 0'
     with on_every_node(
         sandbox,
-        setup=[["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)],
-               ["sh", "-c", fill, "sh", str(folder)]],
+        setup=[
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)],
+            ["sh", "-c", fill, "sh", str(folder)],
+        ],
         teardown=[["umount", "--lazy", str(folder)]],
-    ):  # fmt: skip
-        job = submit(sandbox, tmp_path / "job", TRAIN, *STEPS, options=ONE_RESTART,
-                     checkpoint_dir=folder)  # fmt: skip
+    ):
+        job = submit(
+            sandbox, tmp_path / "job", TRAIN, *STEPS, options=ONE_RESTART, checkpoint_dir=folder
+        )
         check_verdict(job, folder, "No space left on device (ENOSPC)")
     assert [s["step"] for s in job.lines("START")] == [0, 0]  # nothing was ever saved
 
@@ -123,15 +132,18 @@ def test_a_read_only_checkpoint_folder_fails_the_job_then_resumes_once_writable(
 ) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    job = submit(sandbox, tmp_path / "job", TRAIN, *STEPS, options=ONE_RESTART,
-                 checkpoint_dir=folder)  # fmt: skip
+    job = submit(
+        sandbox, tmp_path / "job", TRAIN, *STEPS, options=ONE_RESTART, checkpoint_dir=folder
+    )
     job.wait_checkpoint(4)
     with on_every_node(
         sandbox,
-        setup=[["mount", "--bind", str(folder), str(folder)],
-               ["mount", "-o", "remount,bind,ro", str(folder)]],
+        setup=[
+            ["mount", "--bind", str(folder), str(folder)],
+            ["mount", "-o", "remount,bind,ro", str(folder)],
+        ],
         teardown=[["umount", "--lazy", str(folder)]],
-    ):  # fmt: skip
+    ):
         check_verdict(job, folder, "Read-only file system (EROFS)")
         saved = job.committed()
     # Writable again: the fix the message gives resumes from the last checkpoint.
@@ -151,8 +163,10 @@ def test_the_supervisors_test_write_sees_full_and_read_only_folders(tmp_path: Pa
     read_only.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
     try:
-        subprocess.run(["sh", "-c", 'cat /dev/zero > "$1/filler" 2>/dev/null; true', "sh",
-                        str(full)], check=True)  # fmt: skip
+        subprocess.run(
+            ["sh", "-c", 'cat /dev/zero > "$1/filler" 2>/dev/null; true', "sh", str(full)],
+            check=True,
+        )
         subprocess.run(["mount", "--bind", str(read_only), str(read_only)], check=True)
         subprocess.run(["mount", "-o", "remount,bind,ro", str(read_only)], check=True)
         for path, errno in ((full, StorageErrno.ENOSPC), (read_only, StorageErrno.EROFS)):

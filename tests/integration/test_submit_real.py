@@ -50,10 +50,21 @@ def test_submitted_job_is_what_was_asked_for(
 ) -> None:
     (tmp_path / "train.py").write_text("")
     result = hpclaunch(
-        hpclaunch_bin, tmp_path, sandbox.env,
-        "--nodes", "2", "--job-name", HOSTILE_NAME, "--sbatch-option", f"comment={HOSTILE_NAME}",
-        "--sbatch-option", "hold", "--log-dir", "my logs", "train.py",
-    )  # fmt: skip
+        hpclaunch_bin,
+        tmp_path,
+        sandbox.env,
+        "--nodes",
+        "2",
+        "--job-name",
+        HOSTILE_NAME,
+        "--sbatch-option",
+        f"comment={HOSTILE_NAME}",
+        "--sbatch-option",
+        "hold",
+        "--log-dir",
+        "my logs",
+        "train.py",
+    )
     assert result.returncode == 0, result.stderr
     job_id = int(result.stdout)
     assert result.stdout == f"{job_id}\n"

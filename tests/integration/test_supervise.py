@@ -37,10 +37,21 @@ def start(hpclaunch_bin: Path, tmp_path: Path, *step: str) -> subprocess.Popen[s
     env = base_env(SLURM_JOB_ID="7", SLURM_RESTART_COUNT="1")
     env["PATH"] = str(VENV_BIN)
     return subprocess.Popen(
-        [str(hpclaunch_bin), "supervise", "--max-requeues", "1", "--job-dir",
-         str(tmp_path / "job"), "--", *step],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            str(hpclaunch_bin),
+            "supervise",
+            "--max-requeues",
+            "1",
+            "--job-dir",
+            str(tmp_path / "job"),
+            "--",
+            *step,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -73,8 +84,11 @@ def test_signals_reach_the_step(
 def test_outside_a_job_it_refuses(hpclaunch_bin: Path) -> None:
     result = subprocess.run(
         [str(hpclaunch_bin), "supervise", "--", "true"],
-        env=base_env(), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 2
     assert "SLURM_JOB_ID=None: hpclaunch supervise runs as a job's batch step" in result.stderr
 
@@ -115,15 +129,39 @@ def test_a_save_longer_than_the_signal_lead_allows_is_warned_of(
     records the lead for `hpclaunch status`."""
     job = tmp_path / "job"
     job.mkdir()
-    record = {"step": 99, "sharded": True, "asynchronous": False, "blocked_s": 40.0,
-              "total_s": 40.0, "bytes": 1, "ranks": 4, "ended": 1.0}  # fmt: skip
+    record = {
+        "step": 99,
+        "sharded": True,
+        "asynchronous": False,
+        "blocked_s": 40.0,
+        "total_s": 40.0,
+        "bytes": 1,
+        "ranks": 4,
+        "ended": 1.0,
+    }
     (job / "checkpoint-saves.jsonl").write_text(json.dumps(record) + "\n")
     env = base_env(SLURM_JOB_ID="7", SLURM_RESTART_COUNT="0")
     done = subprocess.run(
-        [str(hpclaunch_bin), "supervise", "--max-requeues", "1", "--grace-period", "30",
-         "--job-dir", str(job), "--", sys.executable, "-c", "pass"],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        [
+            str(hpclaunch_bin),
+            "supervise",
+            "--max-requeues",
+            "1",
+            "--grace-period",
+            "30",
+            "--job-dir",
+            str(job),
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert (
         "supervisor: the checkpoint save of step 99 took 40.0 s, but after the time-limit "
@@ -145,10 +183,21 @@ def test_a_stale_supervisor_finishing_last_neither_requeues_nor_rewrites_the_his
         env = base_env(SLURM_JOB_ID="7", SLURM_RESTART_COUNT=str(count))
         env["PATH"] = str(VENV_BIN)  # no scontrol: Restarts is unknown, a requeue would fail
         return subprocess.Popen(
-            [str(hpclaunch_bin), "supervise", "--max-requeues", "3", "--job-dir", str(job),
-             "--", *step],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                str(hpclaunch_bin),
+                "supervise",
+                "--max-requeues",
+                "3",
+                "--job-dir",
+                str(job),
+                "--",
+                *step,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     with supervise(0, sys.executable, "-c", STEP, str(record)) as stale:
         try:
@@ -166,5 +215,6 @@ def test_a_stale_supervisor_finishing_last_neither_requeues_nor_rewrites_the_his
     assert "requeueing the job" not in stale_err and "scontrol requeue" not in stale_err
     history = json.loads((job / "history.json").read_text())
     assert [(r["requeue_count"], r["reason"], r["action"]) for r in history["runs"]] == [
-        (0, "lost", "SLURM requeues"), (1, "completed", "none"),
-    ]  # fmt: skip
+        (0, "lost", "SLURM requeues"),
+        (1, "completed", "none"),
+    ]

@@ -57,8 +57,13 @@ with open(os.path.join(out, f"report-{os.environ['RANK']}.json"), "w") as f:
 
 # Environment variables that differ between any two runs, whatever the start.
 # Differ between the two runs (each has its own agent), not between the starts.
-VOLATILE = {"TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "OUT",
-            "HPCLAUNCH_WATCHER_PID"}  # fmt: skip
+VOLATILE = {
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_PORT",
+    "TORCHELASTIC_ERROR_FILE",
+    "OUT",
+    "HPCLAUNCH_WATCHER_PID",
+}
 
 # How the script ends, and what the agent must make of it: (code, exit status).
 ENDINGS = {
@@ -82,10 +87,17 @@ ENDINGS = {
 
 
 def run_agent(
-    script: Path, start: str, job_dir: Path, *, env_extra: dict[str, str] | None = None,
-    nproc: int = 2, max_restarts: int = 0, job_id: int | None = None, module: bool = False,
+    script: Path,
+    start: str,
+    job_dir: Path,
+    *,
+    env_extra: dict[str, str] | None = None,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    job_id: int | None = None,
+    module: bool = False,
     ignored: tuple[signal.Signals, ...] = (),
-) -> subprocess.CompletedProcess[str]:  # fmt: skip
+) -> subprocess.CompletedProcess[str]:
     """The agent on ``script``, or with ``module`` on ``-m`` and the script's stem;
     ``ignored``: signals the agent starts with ignored (as under nohup)."""
 
@@ -94,16 +106,34 @@ def run_agent(
             signal.signal(sig, signal.SIG_IGN)
 
     env = base_env(
-        SLURM_JOB_ID=str(job_id or random.randrange(1, 10**6)), SLURM_JOB_NODELIST="localhost",
-        SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0", SLURM_STEP_ID="0", **(env_extra or {}),
-    )  # fmt: skip
+        SLURM_JOB_ID=str(job_id or random.randrange(1, 10**6)),
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_STEP_ID="0",
+        **(env_extra or {}),
+    )
     return subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "agent", "--worker-start", start, "--nproc-per-node",
-         str(nproc), "--max-restarts", str(max_restarts), "--job-dir", str(job_dir),
-         *(["-m", script.stem] if module else [str(script)])],
-        env=env, cwd=script.parent, capture_output=True, text=True, timeout=120,
+        [
+            str(VENV_BIN / "hpclaunch"),
+            "agent",
+            "--worker-start",
+            start,
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            str(max_restarts),
+            "--job-dir",
+            str(job_dir),
+            *(["-m", script.stem] if module else [str(script)]),
+        ],
+        env=env,
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
         preexec_fn=ignore if ignored else None,
-    )  # fmt: skip
+    )
 
 
 def reports(out: Path) -> dict[int, dict[str, object]]:
@@ -123,11 +153,15 @@ def test_a_warm_worker_sees_what_a_fresh_one_sees(tmp_path: Path, entry: str) ->
         out = tmp_path / start
         out.mkdir()
         done = run_agent(
-            script, start, tmp_path / f"job-{start}", env_extra={"OUT": str(out)},
-            job_id=job_id, module=entry == "module",
+            script,
+            start,
+            tmp_path / f"job-{start}",
+            env_extra={"OUT": str(out)},
+            job_id=job_id,
+            module=entry == "module",
             # torch handles SIGHUP (an exec then resets it), not SIGWINCH (ignored stays).
             ignored=(signal.SIGHUP, signal.SIGWINCH),
-        )  # fmt: skip
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         seen[start] = reports(out)
         assert sorted(seen[start]) == [0, 1]

@@ -21,8 +21,11 @@ DRIVER = Path(__file__).with_name("zygote_driver.py")
 def drive(scenario: str, folder: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, str(DRIVER), scenario, str(folder)],
-        capture_output=True, text=True, timeout=120, cwd=folder,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=folder,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return seen

@@ -50,8 +50,11 @@ class Job:
     def fields(self) -> dict[str, str]:
         out = subprocess.run(
             ["scontrol", "show", "job", str(self.id)],
-            env=self.env, capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return parse_show_job(out)
 
     def lines(self, kind: str) -> list[dict[str, object]]:
@@ -77,22 +80,29 @@ class Job:
 
     def wait_checkpoint(self, step: int) -> None:
         """Until a checkpoint of ``step`` or a later one is committed."""
-        wait_for(lambda: any(s >= step for s in self.committed()), timeout_s=120,
-                 what=f"job {self.id}'s checkpoint of step {step}")  # fmt: skip
+        wait_for(
+            lambda: any(s >= step for s in self.committed()),
+            timeout_s=120,
+            what=f"job {self.id}'s checkpoint of step {step}",
+        )
 
     def wait_end(self) -> str:
         """The job's final state, once it has one and every process of it is gone."""
         wait_for(lambda: self.fields()["JobState"] in ENDED, timeout_s=180, what=f"job {self.id}")
         entry = f"SLURM_JOB_ID={self.id}".encode()
-        wait_for(lambda: not procs.with_environ(entry), timeout_s=30,
-                 what=f"every process of job {self.id} to exit")  # fmt: skip
+        wait_for(
+            lambda: not procs.with_environ(entry),
+            timeout_s=30,
+            what=f"every process of job {self.id} to exit",
+        )
         return self.fields()["JobState"]
 
     def status(self) -> str:
         """What ``hpclaunch status`` prints for this job."""
         argv = [str(VENV_BIN / "hpclaunch"), "status", "--job-dir", str(self.job_dir), str(self.id)]
-        done = subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True,
-                              text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            argv, cwd=self.folder, env=self.env, capture_output=True, text=True, check=True
+        )
         return done.stdout
 
     def run(self, *argv: str) -> None:
@@ -119,10 +129,28 @@ def submit(
     if checkpoint_dir is not None:
         extra += ["--checkpoint-dir", str(checkpoint_dir)]
     result = subprocess.run(
-        [str(VENV_BIN / "hpclaunch"), "sbatch", "--log-dir", "logs", "--nodes", "2",
-         "--nproc-per-node", "2", "--gpus-per-node", "0", *extra, *options, script.name, *args],
-        cwd=folder, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            str(VENV_BIN / "hpclaunch"),
+            "sbatch",
+            "--log-dir",
+            "logs",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--gpus-per-node",
+            "0",
+            *extra,
+            *options,
+            script.name,
+            *args,
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return Job(int(result.stdout), folder, env, script.stem, checkpoint_dir)
 

@@ -28,9 +28,12 @@ def start(folder: Path, name: str, body: str) -> ForkRequest:
     script = folder / f"{name}.py"
     script.write_text(body)
     return ForkRequest(
-        python_args=("-u", str(script)), env=dict(os.environ), cwd=str(folder),
-        stdout=str(folder / f"{name}.out"), stderr=str(folder / f"{name}.err"),
-    )  # fmt: skip
+        python_args=("-u", str(script)),
+        env=dict(os.environ),
+        cwd=str(folder),
+        stdout=str(folder / f"{name}.out"),
+        stderr=str(folder / f"{name}.err"),
+    )
 
 
 def until(condition: Callable[[], bool], zygote: Zygote, timeout_s: float = 20.0) -> bool:
@@ -82,8 +85,11 @@ def missing_script(zygote: Zygote, folder: Path) -> dict[str, Any]:
     missing = str(folder / "missing.py")
     pid = zygote.spawn(dataclasses.replace(request, python_args=("-u", missing)))
     until(lambda: pid in zygote.returncodes(), zygote)
-    return {"code": zygote.returncodes().get(pid), "missing": missing,
-            "stderr": (folder / "placeholder.err").read_text()}  # fmt: skip
+    return {
+        "code": zygote.returncodes().get(pid),
+        "missing": missing,
+        "stderr": (folder / "placeholder.err").read_text(),
+    }
 
 
 def kept_until_released(zygote: Zygote, folder: Path) -> dict[str, Any]:
@@ -96,8 +102,12 @@ def kept_until_released(zygote: Zygote, folder: Path) -> dict[str, Any]:
     deadline = time.monotonic() + 20
     while state(pid) != "gone" and time.monotonic() < deadline:
         time.sleep(0.01)
-    return {"code": code, "before": before, "after": state(pid),
-            "forgotten": pid not in zygote.returncodes()}  # fmt: skip
+    return {
+        "code": code,
+        "before": before,
+        "after": state(pid),
+        "forgotten": pid not in zygote.returncodes(),
+    }
 
 
 def zygote_killed(zygote: Zygote, folder: Path) -> dict[str, Any]:
@@ -115,8 +125,13 @@ def zygote_killed(zygote: Zygote, folder: Path) -> dict[str, Any]:
     deadline = time.monotonic() + 20
     while any(state(p) not in ("gone", "Z") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return {"woke": woke, "gone": zygote.gone, "codes": [codes.get(p) for p in pids],
-            "refused": refused, "workers": [state(p) for p in pids]}  # fmt: skip
+    return {
+        "woke": woke,
+        "gone": zygote.gone,
+        "codes": [codes.get(p) for p in pids],
+        "refused": refused,
+        "workers": [state(p) for p in pids],
+    }
 
 
 FINISHING = """
@@ -148,17 +163,24 @@ def finishing(zygote: Zygote, folder: Path) -> dict[str, Any]:
     for name in ("main.txt", "helper.txt", "records.log", "child.txt"):
         path = folder / name
         read[name] = path.read_text() if path.exists() else None
-    return {"code": zygote.returncodes().get(pid), "files": read,
-            "stderr": (folder / "finishing.err").read_text()}  # fmt: skip
+    return {
+        "code": zygote.returncodes().get(pid),
+        "files": read,
+        "stderr": (folder / "finishing.err").read_text(),
+    }
 
 
 SCENARIOS = {
     f.__name__: f
     for f in (
-        group_at_once, stopped_at_once, missing_script, kept_until_released, zygote_killed,
+        group_at_once,
+        stopped_at_once,
+        missing_script,
+        kept_until_released,
+        zygote_killed,
         finishing,
     )
-}  # fmt: skip
+}
 
 
 def main() -> None:

@@ -83,25 +83,47 @@ def test_static_and_elastic_and_etcd() -> None:
 
 def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
     flags = EtcdRdzv(
-        endpoints=("e1:2379", "e2:2379"), cacert="/ca.pem", cert="/c.pem", key="/k.pem",
-        user="trainer", password_file="/pw",
-    )  # fmt: skip
+        endpoints=("e1:2379", "e2:2379"),
+        cacert="/ca.pem",
+        cert="/c.pem",
+        key="/k.pem",
+        user="trainer",
+        password_file="/pw",
+    )
     etcd = {f"etcd_{k}": v for k, v in dataclasses.asdict(flags).items()}
     s = settings(rdzv="etcd", nnodes=NodeRange(1, 4), **etcd)
     assert s["rdzv_backend"] == "hpclaunch-etcd" and s["rdzv_endpoint"] == "e1:2379,e2:2379"
     assert (s["min_nodes"], s["max_nodes"]) == (1, 2)
     assert s["rdzv_configs"] == {
-        "node_rank": 1, "last_call_timeout": 3, "keep_alive_interval": 2,
-        "keep_alive_max_attempt": 3, "cacert": "/ca.pem", "cert": "/c.pem", "key": "/k.pem",
-        "user": "trainer", "password_file": "/pw",
-    }  # fmt: skip
+        "node_rank": 1,
+        "last_call_timeout": 3,
+        "keep_alive_interval": 2,
+        "keep_alive_max_attempt": 3,
+        "cacert": "/ca.pem",
+        "cert": "/c.pem",
+        "key": "/k.pem",
+        "user": "trainer",
+        "password_file": "/pw",
+    }
     assert flags.argv() == [
-        "--etcd-endpoint", "e1:2379,e2:2379", "--etcd-cacert", "/ca.pem", "--etcd-cert",
-        "/c.pem", "--etcd-key", "/k.pem", "--etcd-user", "trainer", "--etcd-password-file", "/pw",
-    ]  # fmt: skip
+        "--etcd-endpoint",
+        "e1:2379,e2:2379",
+        "--etcd-cacert",
+        "/ca.pem",
+        "--etcd-cert",
+        "/c.pem",
+        "--etcd-key",
+        "/k.pem",
+        "--etcd-user",
+        "trainer",
+        "--etcd-password-file",
+        "/pw",
+    ]
     assert EtcdRdzv(sidecar=True, binary="/opt/etcd").argv() == [
-        "--etcd-sidecar", "--etcd-binary", "/opt/etcd",
-    ]  # fmt: skip
+        "--etcd-sidecar",
+        "--etcd-binary",
+        "/opt/etcd",
+    ]
 
 
 def test_worker_command_and_env() -> None:
@@ -131,8 +153,14 @@ def test_worker_command_and_env() -> None:
 
 def test_earlier_runs_node_local_folders_are_found_for_removal(tmp_path: Path) -> None:
     ctx = NodeContext.from_env(ENV)  # job 77, run 2, on n2
-    names = ["hpclaunch-77-0-n2", "hpclaunch-77-1-n2", "hpclaunch-77-2-n2",  # ours: run 2
-             "hpclaunch-77-1-n22", "hpclaunch-77-1-gpu-n2", "hpclaunch-771-0-n2"]  # fmt: skip
+    names = [
+        "hpclaunch-77-0-n2",
+        "hpclaunch-77-1-n2",
+        "hpclaunch-77-2-n2",  # ours: run 2
+        "hpclaunch-77-1-n22",
+        "hpclaunch-77-1-gpu-n2",
+        "hpclaunch-771-0-n2",
+    ]
     for name in names:
         (tmp_path / name).mkdir()
     stale = sorted(p.name for p in stale_local_checkpoints(ctx, tmp_path))
@@ -155,8 +183,7 @@ def test_node_multiple_rounds_the_range_to_multiples() -> None:
     ):
         launch_settings(ctx, AgentOptions("t.py", node_multiple=2), "n1", "n2")
     with pytest.raises(ContextError, match="--node-multiple needs --rdzv c10d or etcd"):
-        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv="static"),
-                        "n1", "n2")  # fmt: skip
+        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv="static"), "n1", "n2")
 
 
 def test_a_backend_is_one_table_row() -> None:
@@ -164,8 +191,14 @@ def test_a_backend_is_one_table_row() -> None:
         return f"zk://{req.first_node}", {"rank": req.node_rank}
 
     row = backends.Backend("hpclaunch-zk", derive, {"ZK": "1"})
-    request = backends.Request(node_rank=1, first_node="n1:2181", min_nodes=2, max_nodes=4,
-                               asked_nodes="2:4", node_multiple=2)  # fmt: skip
+    request = backends.Request(
+        node_rank=1,
+        first_node="n1:2181",
+        min_nodes=2,
+        max_nodes=4,
+        asked_nodes="2:4",
+        node_multiple=2,
+    )
     assert row.plan(request) == backends.RdzvPlan(
         "hpclaunch-zk", "zk://n1:2181", {"rank": 1, "node_multiple": 2}
     )

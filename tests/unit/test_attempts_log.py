@@ -14,8 +14,7 @@ from hpclaunch.node.hangs import HangTimeout, Watch
 
 def test_the_watch_logs_begin_first_step_and_end_of_each_attempt(tmp_path: Path) -> None:
     job = JobFolder(tmp_path / "job")
-    watch = Watch(tmp_path / "local", job, node="n1", node_rank=0, requeue=2,
-                  timeout=HangTimeout())  # fmt: skip
+    watch = Watch(tmp_path / "local", job, node="n1", node_rank=0, requeue=2, timeout=HangTimeout())
     before = time.time()
     watch.begin(0, {0: 0, 1: 1})
     boards = [progress._Board(str(watch.folder(0) / f"local-{r}.progress")) for r in (0, 1)]
@@ -28,8 +27,11 @@ def test_the_watch_logs_begin_first_step_and_end_of_each_attempt(tmp_path: Path)
     watch.begin(1, {0: 0, 1: 1})
     found = attempts.read(job, 2)
     assert [(e.attempt, e.event) for e in found] == [
-        (0, "begin"), (0, "first"), (0, "end"), (1, "begin")
-    ]  # fmt: skip
+        (0, "begin"),
+        (0, "first"),
+        (0, "end"),
+        (1, "begin"),
+    ]
     begin, first, end, _ = found
     assert before <= begin.time <= first.time <= end.time <= time.time() + 0.01
     assert (first.step, end.step) == (1, 1)  # the lowest rank's: rank 1 did one step

@@ -165,9 +165,19 @@ def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint-saves.jsonl"
     assert saves.last(path) is None
     for step, total in ((10, 4.0), (20, 9.5), (30, 2.0)):
-        saves.append(path, saves.SaveRecord(
-            step=step, sharded=True, asynchronous=True, blocked_s=0.25, total_s=total,
-            bytes=3 * 1024**3 // 2, ranks=4, ended=1.0))  # fmt: skip
+        saves.append(
+            path,
+            saves.SaveRecord(
+                step=step,
+                sharded=True,
+                asynchronous=True,
+                blocked_s=0.25,
+                total_s=total,
+                bytes=3 * 1024**3 // 2,
+                ranks=4,
+                ended=1.0,
+            ),
+        )
     with open(path, "a") as handle:
         handle.write('{"step": 40, "torn')  # a torn last line is skipped
     last = saves.last(path)

@@ -88,9 +88,10 @@ def test_the_same_job_id_on_another_cluster_is_another_job(tmp_path: Path) -> No
     assert alpha.same_job(claim.slurm_job(env))  # a marker that does not name its cluster
     owner.create(tmp_path, alpha)
     with pytest.raises(
-        FolderTaken, match=r"job 41 \(train, user .*, cluster alpha\).*\(it ran on cluster alpha, "
-        r".* this cluster's \(beta\)"
-    ):  # fmt: skip
+        FolderTaken,
+        match=r"job 41 \(train, user .*, cluster alpha\).*\(it ran on cluster alpha, "
+        r".* this cluster's \(beta\)",
+    ):
         claim.claim_start(tmp_path, beta, adopt=False, slurm=_slurm({"41"}))
     assert owner.read(tmp_path)[0] == alpha
 

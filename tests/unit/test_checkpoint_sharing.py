@@ -44,12 +44,27 @@ HOLDER_HERE = Owner(Kind.SLURM, "41", "train", getpass.getuser(), "login1")
 
 
 def situation(
-    stage: Stage, marker: Owner | None, holder: Holder | None, step: int | None,
-    adopt: bool = False, dependency: str | None = None,
-) -> Situation:  # fmt: skip
+    stage: Stage,
+    marker: Owner | None,
+    holder: Holder | None,
+    step: int | None,
+    adopt: bool = False,
+    dependency: str | None = None,
+) -> Situation:
     me = ME if stage is Stage.START else None
-    return Situation("/ckpt", stage, marker, holder, step, adopt, me=me, dependency=dependency,
-                     name="train", user="ana", spell=CLI)  # fmt: skip
+    return Situation(
+        "/ckpt",
+        stage,
+        marker,
+        holder,
+        step,
+        adopt,
+        me=me,
+        dependency=dependency,
+        name="train",
+        user="ana",
+        spell=CLI,
+    )
 
 
 @pytest.mark.parametrize(
@@ -96,8 +111,10 @@ def test_a_refusal_names_the_folder_the_job_and_the_fixes() -> None:
         "from its checkpoints"
     )
     submit = decide(situation(Stage.SUBMIT, HOLDER, ACTIVE, None)).message
-    assert submit.endswith("or make it wait for that job (--sbatch-option "
-                           "dependency=afterany:41) with --adopt-checkpoints")  # fmt: skip
+    assert submit.endswith(
+        "or make it wait for that job (--sbatch-option "
+        "dependency=afterany:41) with --adopt-checkpoints"
+    )
     executor = Situation("/ckpt", Stage.SUBMIT, HOLDER, ACTIVE, None, False, spell=EXECUTOR)
     assert decide(executor).message.endswith(
         "Submit it with another checkpoint_dir, or once job 41 has ended (scancel 41 ends it "
@@ -120,12 +137,20 @@ def test_a_refusal_names_the_folder_the_job_and_the_fixes() -> None:
 @pytest.mark.parametrize(
     ("dependency", "waits"),
     [
-        ("afterany:41", True), ("afterok:40:41", True), ("afternotok:41", True),
-        ("afterany:7,afterok:41", True), ("singleton", True), ("afterany:410", False),
-        ("after:41", False), ("after:41+5", False), ("afterany:41?afterany:7", False),
-        ("aftercorr:41", False), (None, False), ("", False),
+        ("afterany:41", True),
+        ("afterok:40:41", True),
+        ("afternotok:41", True),
+        ("afterany:7,afterok:41", True),
+        ("singleton", True),
+        ("afterany:410", False),
+        ("after:41", False),
+        ("after:41+5", False),
+        ("afterany:41?afterany:7", False),
+        ("aftercorr:41", False),
+        (None, False),
+        ("", False),
     ],
-)  # fmt: skip
+)
 def test_which_dependencies_wait_for_the_holder(dependency: str | None, waits: bool) -> None:
     assert waits_for(dependency, HOLDER, "train", "ana") is waits
 
@@ -222,8 +247,9 @@ def test_a_completing_holder_is_waited_for(tmp_path: Path) -> None:
     held = claim.holder(HOLDER, Slurm(runner), poll_s=0.01)
     assert (held.liveness, held.detail) == (Liveness.ENDED, "COMPLETED")
     assert len(runner.calls) == 3
-    stuck = claim.holder(HOLDER, Slurm(_scontrol("COMPLETING")), completing_wait_s=0.05,
-                         poll_s=0.01)  # fmt: skip
+    stuck = claim.holder(
+        HOLDER, Slurm(_scontrol("COMPLETING")), completing_wait_s=0.05, poll_s=0.01
+    )
     assert stuck.liveness is Liveness.ACTIVE
 
 
@@ -256,11 +282,13 @@ def _dead_pid() -> int:
         (lambda: claim.local_job(str(os.getpid())), Liveness.ACTIVE),
         (lambda: claim.local_job(str(_dead_pid())), Liveness.ENDED),
         # Another pid now in the place of the one that took the folder.
-        (lambda: Owner(Kind.LOCAL, str(os.getpid()), host=socket.gethostname(), pid_start="1"),
-         Liveness.ENDED),
+        (
+            lambda: Owner(Kind.LOCAL, str(os.getpid()), host=socket.gethostname(), pid_start="1"),
+            Liveness.ENDED,
+        ),
         (lambda: Owner(Kind.LOCAL, str(os.getpid()), host="elsewhere"), Liveness.UNKNOWN),
     ],
-)  # fmt: skip
+)
 def test_a_local_holder_is_judged_by_its_process(
     make: Callable[[], Owner], liveness: Liveness
 ) -> None:

@@ -206,10 +206,21 @@ def test_agent_options_come_from_the_settings_table(project: Path) -> None:
     assert launch["shutdown_timeout"] == 3  # torch's whole seconds, rounded up
     assert (launch["min_nodes"], launch["max_nodes"]) == (1, 2)
     assert list(launch) == [
-        "min_nodes", "max_nodes", "nproc_per_node", "run_id", "rdzv_endpoint", "rdzv_backend",
-        "rdzv_configs", "max_restarts", "monitor_interval", "start_method", "local_addr",
-        "signals_to_handle", "shutdown_timeout", "log_line_prefix_template",
-    ]  # fmt: skip
+        "min_nodes",
+        "max_nodes",
+        "nproc_per_node",
+        "run_id",
+        "rdzv_endpoint",
+        "rdzv_backend",
+        "rdzv_configs",
+        "max_restarts",
+        "monitor_interval",
+        "start_method",
+        "local_addr",
+        "signals_to_handle",
+        "shutdown_timeout",
+        "log_line_prefix_template",
+    ]
     both = agent_dry_run(project, "-m", "--no-python")
     assert both.exit_code == 2
     assert "Error: -m/--module and --no-python exclude each other; give one" in both.stderr

@@ -16,8 +16,15 @@ SCRIPT = Path(sys.executable).parent / "hpclaunch"
 def complete(tmp_path: Path, **env: str) -> str:
     if not SCRIPT.exists():
         pytest.fail(f"{SCRIPT} missing: install the package (scripts/setup)")
-    done = subprocess.run([str(SCRIPT)], env={**os.environ, **env}, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    done = subprocess.run(
+        [str(SCRIPT)],
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return done.stdout
 
 
@@ -33,9 +40,14 @@ def test_the_console_script_prints_a_completion_script(
 
 
 def test_it_completes_commands_and_the_options_of_a_lazy_command(tmp_path: Path) -> None:
-    words = complete(tmp_path, _HPCLAUNCH_COMPLETE="bash_complete",
-                     COMP_WORDS="hpclaunch sb", COMP_CWORD="1")  # fmt: skip
+    words = complete(
+        tmp_path, _HPCLAUNCH_COMPLETE="bash_complete", COMP_WORDS="hpclaunch sb", COMP_CWORD="1"
+    )
     assert words.split() == ["plain,sbatch"]
-    words = complete(tmp_path, _HPCLAUNCH_COMPLETE="bash_complete",
-                     COMP_WORDS="hpclaunch sbatch --dep", COMP_CWORD="2")  # fmt: skip
+    words = complete(
+        tmp_path,
+        _HPCLAUNCH_COMPLETE="bash_complete",
+        COMP_WORDS="hpclaunch sbatch --dep",
+        COMP_CWORD="2",
+    )
     assert words.split() == ["plain,--dependency"]

@@ -44,8 +44,9 @@ def project(tmp_path: Path) -> Path:
 
 
 def invoke(project: Path, args: list[str], **env: str) -> Result:
-    obj = CliContext(slurm=Slurm(FakeRunner({})), cwd=project,
-                     env={"HOME": str(project / "home"), **env})  # fmt: skip
+    obj = CliContext(
+        slurm=Slurm(FakeRunner({})), cwd=project, env={"HOME": str(project / "home"), **env}
+    )
     return CliRunner().invoke(main, args, obj=obj)
 
 
@@ -72,8 +73,11 @@ def test_each_value_names_its_source(project: Path) -> None:
     assert got["nproc_per_node"]["value"] == 4
     assert got["nproc_per_node"]["source"] == "default: GPUs per node, or 1"
     assert got["job_name"]["value"] == "train"
-    assert got["account"] == {"value": None, "from": "default",
-                              "source": "default: your default SLURM account"}  # fmt: skip
+    assert got["account"] == {
+        "value": None,
+        "from": "default",
+        "source": "default: your default SLURM account",
+    }
     assert "etcd_endpoint" not in got  # only under rdzv etcd
 
 
@@ -124,8 +128,9 @@ def test_config_show_and_sbatch_agree_on_the_rendered_script(project: Path) -> N
 def test_resolve_tracks_merged_and_replaced_values(project: Path) -> None:
     profile = load_profile(None, project, {"HOME": str(project)})
     done = resolve_spec(Entry("train.py"), {"setup": ("nvidia-smi",), "partition": "x"}, profile)
-    assert done.spec == build_spec(Entry("train.py"), {"setup": ("nvidia-smi",),
-                                                        "partition": "x"}, profile)  # fmt: skip
+    assert done.spec == build_spec(
+        Entry("train.py"), {"setup": ("nvidia-smi",), "partition": "x"}, profile
+    )
     assert done.origins["setup"].flag == "--setup"
     assert done.origins["setup"].profile is not None
     assert done.origins["partition"].profile is None  # replaced, not merged

@@ -80,8 +80,9 @@ def test_the_supervisor_reads_back_what_the_script_says(spec: JobSpec) -> None:
     sent = SupervisorSettings.from_spec(spec)
     assert parse(SupervisorSettings, sent.to_argv()) == sent
     assert (sent.max_requeues, sent.max_failure_requeues) == (
-        spec.max_requeues, spec.max_failure_requeues,
-    )  # fmt: skip
+        spec.max_requeues,
+        spec.max_failure_requeues,
+    )
     assert sent.grace_period_s == spec.signal_lead_s
 
 
@@ -90,23 +91,36 @@ def test_defaults_are_the_specs() -> None:
     spec = JobSpec("t.py")
     supervisor, sent_s = parse(SupervisorSettings, []), SupervisorSettings.from_spec(spec)
     assert (supervisor.max_requeues, supervisor.max_failure_requeues) == (
-        sent_s.max_requeues, sent_s.max_failure_requeues,
-    )  # fmt: skip
+        sent_s.max_requeues,
+        sent_s.max_failure_requeues,
+    )
     agent = parse(AgentSettings, [], entrypoint="t.py")
     sent = AgentSettings.from_spec(spec)
     assert (agent.rdzv, agent.max_restarts, agent.node_multiple, agent.entry_kind) == (
-        sent.rdzv, sent.max_restarts, sent.node_multiple, sent.entry_kind,
-    )  # fmt: skip
+        sent.rdzv,
+        sent.max_restarts,
+        sent.node_multiple,
+        sent.entry_kind,
+    )
 
 
 def test_what_the_script_leaves_out() -> None:
     argv = AgentSettings.from_spec(JobSpec("t.py")).to_argv()
     assert argv == [
-        "--nnodes", "1", "--nproc-per-node", "1", "--rdzv", "c10d", "--max-restarts", "3",
-        "--grace-period", "90",
-    ]  # fmt: skip
-    never = [row.setting.option for row in table(AgentSettings)
-             if row.setting.script is Script.NEVER]  # fmt: skip
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--rdzv",
+        "c10d",
+        "--max-restarts",
+        "3",
+        "--grace-period",
+        "90",
+    ]
+    never = [
+        row.setting.option for row in table(AgentSettings) if row.setting.script is Script.NEVER
+    ]
     assert never == [
         "--master-addr",
         "--rank-order",
@@ -119,11 +133,15 @@ def test_what_the_script_leaves_out() -> None:
     # A port given to sbatch (or a profile) reaches every agent; none given, none written.
     assert given.to_argv()[-2:] == ["--master-port", "99"]
     assert AgentSettings.from_spec(JobSpec("t.py", master_port=29400)).to_argv()[-2:] == [
-        "--master-port", "29400",
-    ]  # fmt: skip
+        "--master-port",
+        "29400",
+    ]
     assert SupervisorSettings(job_dir=Path("/j")).to_argv() == [
-        "--max-requeues", "3", "--grace-period", "90",
-    ]  # fmt: skip
+        "--max-requeues",
+        "3",
+        "--grace-period",
+        "90",
+    ]
 
 
 def test_numbers_are_written_as_typed() -> None:
@@ -132,8 +150,11 @@ def test_numbers_are_written_as_typed() -> None:
     assert row.argv(0.25, 30) == ["--grace-period", "0.25"]
     assert parse(AgentSettings, ["--grace-period", "0.25"], entrypoint="t").shutdown_timeout_s == 1
     assert to_argv(SupervisorSettings(grace_period_s=2.5)) == [
-        "--max-requeues", "3", "--grace-period", "2.5",
-    ]  # fmt: skip
+        "--max-requeues",
+        "3",
+        "--grace-period",
+        "2.5",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -55,16 +55,19 @@ def fields(text: str, **changes: str) -> dict[str, str]:
 
 def test_more_nodes_than_the_partition_has_can_never_start() -> None:
     why = deadends.explain("PartitionNodeLimit", fields(PENDING_8), fields(PARTITION))
-    assert why == ("it asks for 8 nodes and partition low has 4 (TotalNodes); "
-                   "submit again with --nodes within it")  # fmt: skip
+    assert why == (
+        "it asks for 8 nodes and partition low has 4 (TotalNodes); "
+        "submit again with --nodes within it"
+    )
 
 
 def test_more_nodes_than_the_partition_allows_can_never_start() -> None:
     job = fields(PENDING_8, NumNodes="3-3")
     why = deadends.explain("PartitionNodeLimit", job, fields(PARTITION, MaxNodes="2"))
     assert why is not None and "partition low allows 2 per job (MaxNodes)" in why
-    why = deadends.explain("PartitionNodeLimit", fields(PENDING_8, NumNodes="1"),
-                           fields(PARTITION, MinNodes="2"))  # fmt: skip
+    why = deadends.explain(
+        "PartitionNodeLimit", fields(PENDING_8, NumNodes="1"), fields(PARTITION, MinNodes="2")
+    )
     assert why is not None and "needs 2 per job (MinNodes)" in why
 
 
@@ -146,8 +149,9 @@ def test_the_follow_loop_stops_on_a_job_that_never_starts() -> None:
 
 def test_status_follow_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
     obj = CliContext(slurm=Slurm(_pending_slurm()), cwd=tmp_path, env={"HOME": str(tmp_path)})
-    result = CliRunner().invoke(main, ["status", "--follow", "--job-dir", str(tmp_path), "7"],
-                                obj=obj)  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["status", "--follow", "--job-dir", str(tmp_path), "7"], obj=obj
+    )
     assert result.exit_code == 1, result.output
     assert "state PENDING (PartitionNodeLimit)" in result.stderr  # the change line came first
     assert "Error: job 7 can never start: it asks for 8 nodes and partition low has 4" in (
@@ -189,8 +193,9 @@ def test_an_unparsable_slurm_conf_is_named() -> None:
 
 
 def test_no_slurm_conf_is_one_clear_line_in_status(tmp_path: Path) -> None:
-    fake = FakeRunner({name: lambda a: CommandResult(a, 1, "", DNS_ERROR)
-                       for name in ("scontrol", "sacct")})  # fmt: skip
+    fake = FakeRunner(
+        {name: lambda a: CommandResult(a, 1, "", DNS_ERROR) for name in ("scontrol", "sacct")}
+    )
     status = gather(JOB, Slurm(fake, env={}), {"HOME": str(tmp_path)}, tmp_path)
     assert (
         "scontrol: SLURM's commands found no configuration: SLURM_CONF is not set"
@@ -205,10 +210,12 @@ INVALID_PARTITION = (
 
 
 def test_an_invalid_partition_lists_the_ones_that_exist(tmp_path: Path) -> None:
-    fake = FakeRunner({
-        "sbatch": lambda a: CommandResult(a, 1, "", INVALID_PARTITION),
-        "sinfo": lambda a: CommandResult(a, 0, "low* 4 up\nhigh 4 up\ngpu 1 down\n"),
-    })  # fmt: skip
+    fake = FakeRunner(
+        {
+            "sbatch": lambda a: CommandResult(a, 1, "", INVALID_PARTITION),
+            "sinfo": lambda a: CommandResult(a, 0, "low* 4 up\nhigh 4 up\ngpu 1 down\n"),
+        }
+    )
     with pytest.raises(SlurmError) as caught:
         Slurm(fake).sbatch(tmp_path / "job.sbatch")
     assert str(caught.value) == (
@@ -251,8 +258,7 @@ def test_following_a_rank_the_job_does_not_have_stops_once_every_node_noted_its_
     attempt = JobFolder(tmp_path).attempt(0, "0", 0)
     attempt.path.mkdir(parents=True)
     attempt.write_node_ranks("n1", [0, 1])
-    running = JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=["n1", "n2"],
-                        requeues=0)  # fmt: skip
+    running = JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=["n1", "n2"], requeues=0)
     looks = 0
 
     def look() -> JobStatus:
@@ -263,8 +269,9 @@ def test_following_a_rank_the_job_does_not_have_stops_once_every_node_noted_its_
         return running
 
     with pytest.raises(JobNotFound) as caught:
-        follow_logs(LogSelection(rank=9), running, look, lambda parts: None, print,
-                    sleep=lambda s: None)  # fmt: skip
+        follow_logs(
+            LogSelection(rank=9), running, look, lambda parts: None, print, sleep=lambda s: None
+        )
     assert looks == 2  # waited while n2's ranks were unknown, not after
     assert str(caught.value) == (
         "job 7 has no rank 9 (from --rank): its ranks are 0-3; give one of them"
@@ -281,8 +288,9 @@ def test_a_rank_that_may_still_come_is_followed(tmp_path: Path) -> None:
     selection = LogSelection(rank=3)
 
     def running(nodes: list[str], requeues: int | None = 0) -> JobStatus:
-        return JobStatus(JOB, state="RUNNING", job_dir=str(tmp_path), nodes=nodes,
-                         requeues=requeues)  # fmt: skip
+        return JobStatus(
+            JOB, state="RUNNING", job_dir=str(tmp_path), nodes=nodes, requeues=requeues
+        )
 
     # a --no-kill job that lost n2 keeps rank 3's logs, and its next attempt has a rank 3
     assert selection.absent_rank(tmp_path, running(["n1", "n3"])) == []
@@ -290,15 +298,26 @@ def test_a_rank_that_may_still_come_is_followed(tmp_path: Path) -> None:
     assert LogSelection(rank=7).absent_rank(tmp_path, running(["n1", "n2"], 1)) == []
     assert LogSelection(rank=7).absent_rank(tmp_path, running(["n1", "n2", "n3"], None)) == []
     assert LogSelection(rank=7).absent_rank(tmp_path, running(["n1", "n2", "n3"])) == [
-        0, 1, 2, 3, 4, 5,
-    ]  # fmt: skip
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_a_followed_job_that_ended_without_the_log_asked_for_says_so(tmp_path: Path) -> None:
     ended = JobStatus(JOB, state="COMPLETED", job_dir=str(tmp_path))  # nodes unknown
     with pytest.raises(JobNotFound) as caught:
-        follow_logs(LogSelection(rank=9), ended, lambda: ended, lambda parts: None, print,
-                    sleep=lambda s: None)  # fmt: skip
+        follow_logs(
+            LogSelection(rank=9),
+            ended,
+            lambda: ended,
+            lambda parts: None,
+            print,
+            sleep=lambda s: None,
+        )
     assert str(caught.value) == "job 7 has no log of that rank or node yet"
 
 

@@ -103,8 +103,9 @@ def test_the_agents_ends_are_read_back_by_node(tmp_path: Path) -> None:
 def test_a_job_stopped_by_a_signal_is_left_to_its_supervisor(tmp_path: Path) -> None:
     # 128 + SIGUSR1: the supervisor passed the warning on, so it is there to act; the
     # agent asks SLURM nothing (no runner would answer here) and notes nothing.
-    status = deputy.after_agent(138, job_id=2, requeue=0, node="n2", job_dir=tmp_path,
-                                slurm=None, env={})  # type: ignore[arg-type]  # fmt: skip
+    status = deputy.after_agent(
+        138, job_id=2, requeue=0, node="n2", job_dir=tmp_path, slurm=None, env={}
+    )  # type: ignore[arg-type]
     assert status == 138 and not JobFolder(tmp_path).agents(0).exists()
 
 

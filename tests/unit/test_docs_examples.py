@@ -310,9 +310,14 @@ def test_parser_reads_a_transcript() -> None:
     )
     examples, problems = page_examples("p.md", page)
     assert [(e.line, e.argv, e.head, e.output, e.status) for e in examples] == [
-        (8, ("sbatch", "--dry-run", "--nodes", "2", "train.py"), 2,
-         "#!/bin/bash\n#SBATCH --job-name=train\n", 0),
+        (
+            8,
+            ("sbatch", "--dry-run", "--nodes", "2", "train.py"),
+            2,
+            "#!/bin/bash\n#SBATCH --job-name=train\n",
+            0,
+        ),
         (14, ("sbatch", "--bad"), None, "Error: x \\\n", None),
-    ]  # fmt: skip
+    ]
     assert examples[0].files == (("~/x.toml", "a = 1\n"),)
     assert len(problems) == 1 and "docs/p.md:21: shell operator '>'" in problems[0]

@@ -27,9 +27,11 @@ def test_commands() -> None:
 def test_controller() -> None:
     up = doctor.controller("/etc/slurm.conf", 0, "Slurmctld(primary) at vm is UP\n", "")
     assert up.verdict is Verdict.OK
-    dns = ("scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
-           "scontrol: error: fetch_config: DNS SRV lookup failed\n"
-           "scontrol: fatal: Could not establish a configuration source\n")  # fmt: skip
+    dns = (
+        "scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+        "scontrol: error: fetch_config: DNS SRV lookup failed\n"
+        "scontrol: fatal: Could not establish a configuration source\n"
+    )
     unset = doctor.controller(None, 1, "", dns)
     assert unset.verdict is Verdict.PROBLEM
     assert "SLURM found no slurm.conf" in unset.message and "export SLURM_CONF" in str(unset.fix)
@@ -53,15 +55,22 @@ def test_partition() -> None:
 
 
 def test_test_only() -> None:
-    ok = doctor.test_only(0, "sbatch: Job 1 to start at 2026-11-25T04:59:49 using 1 processors "
-                          "on nodes n1 in partition high\n", 2, "gpus-per-node")  # fmt: skip
+    ok = doctor.test_only(
+        0,
+        "sbatch: Job 1 to start at 2026-11-25T04:59:49 using 1 processors "
+        "on nodes n1 in partition high\n",
+        2,
+        "gpus-per-node",
+    )
     assert ok.verdict is Verdict.OK and "2 GPUs per node as --gpus-per-node" in ok.message
-    refused = doctor.test_only(1, "allocation failure: Requested node configuration is not "
-                               "available\n", 8, "gpus-per-node")  # fmt: skip
+    refused = doctor.test_only(
+        1, "allocation failure: Requested node configuration is not available\n", 8, "gpus-per-node"
+    )
     assert refused.verdict is Verdict.PROBLEM
     assert "gpu_directive = 'gres'" in str(refused.fix)
-    gres = doctor.test_only(1, "sbatch: error: Invalid generic resource (gres) specification",
-                            4, "gres")  # fmt: skip
+    gres = doctor.test_only(
+        1, "sbatch: error: Invalid generic resource (gres) specification", 4, "gres"
+    )
     assert "gpu_directive = 'gpus-per-node'" in str(gres.fix)
 
 
@@ -74,15 +83,22 @@ def test_requeue() -> None:
     assert cancel.verdict is Verdict.WARN and "cancelled, not requeued" in cancel.message
 
 
-PROBE = "@@host\nn1\n@@which\n/v/bin/hpclaunch\n@@version\nhpclaunch, version 0.1.0\n" \
-        "@@marker\nab12\n@@fs\nnfs\n"  # fmt: skip
+PROBE = (
+    "@@host\nn1\n@@which\n/v/bin/hpclaunch\n@@version\nhpclaunch, version 0.1.0\n"
+    "@@marker\nab12\n@@fs\nnfs\n"
+)
 
 
 def test_node_probe() -> None:
     probe = doctor.sections(PROBE)
     version = "hpclaunch, version 0.1.0"
-    assert probe == {"host": "n1", "which": "/v/bin/hpclaunch", "version": version,
-                     "marker": "ab12", "fs": "nfs"}  # fmt: skip
+    assert probe == {
+        "host": "n1",
+        "which": "/v/bin/hpclaunch",
+        "version": version,
+        "marker": "ab12",
+        "fs": "nfs",
+    }
     assert doctor.on_nodes(probe, ["hpclaunch"], "0.1.0").verdict is Verdict.OK
     other = doctor.on_nodes(probe, ["hpclaunch"], "0.2.0")
     assert other.verdict is Verdict.PROBLEM and "not 0.2.0" in other.message

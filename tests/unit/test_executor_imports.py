@@ -12,14 +12,21 @@ import pytest
 from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBMIT_SIDE = ("submitit", "hpclaunch.job", "hpclaunch.slurm", "hpclaunch.ops",
-               "hpclaunch.executor.api", "hpclaunch.executor.jobs")  # fmt: skip
+SUBMIT_SIDE = (
+    "submitit",
+    "hpclaunch.job",
+    "hpclaunch.slurm",
+    "hpclaunch.ops",
+    "hpclaunch.executor.api",
+    "hpclaunch.executor.jobs",
+)
 
 
 def _loaded(statement: str) -> set[str]:
     code = f"{statement}; import sys; print('\\n'.join(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     return {n for n in out.split() if any(n == p or n.startswith(p + ".") for p in SUBMIT_SIDE)}
 
 
@@ -54,14 +61,19 @@ def _answer(code: int, out: str = "", err: str = "") -> object:
 
 
 def test_the_watcher_reads_scontrol_then_sacct() -> None:
-    running = _watcher({"scontrol": _answer(0, "JobId=7 JobState=RUNNING NodeList=n1 "
-                                               "Restarts=1\n")})  # fmt: skip
+    running = _watcher(
+        {"scontrol": _answer(0, "JobId=7 JobState=RUNNING NodeList=n1 Restarts=1\n")}
+    )
     assert running._query("7") == {  # type: ignore[attr-defined]
-        "State": "RUNNING", "NodeList": "n1", "JobId": "7", "Restarts": "1",
-    }  # fmt: skip
+        "State": "RUNNING",
+        "NodeList": "n1",
+        "JobId": "7",
+        "Restarts": "1",
+    }
     forgot = "slurm_load_jobs error: Invalid job id specified\n"
-    accounted = _watcher({"scontrol": _answer(1, err=forgot),
-                          "sacct": _answer(0, "TIMEOUT|n[1-2]|0:15\n")})  # fmt: skip
+    accounted = _watcher(
+        {"scontrol": _answer(1, err=forgot), "sacct": _answer(0, "TIMEOUT|n[1-2]|0:15\n")}
+    )
     assert accounted._query("7")["State"] == "TIMEOUT"  # type: ignore[attr-defined]
     assert accounted.is_done("7") is True  # type: ignore[attr-defined]
     no_sacct = _watcher({"scontrol": _answer(1, err=forgot), "sacct": _answer(1, err="off\n")})

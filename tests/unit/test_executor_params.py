@@ -32,9 +32,18 @@ def spec_of(profile: Profile | None = None, path: str | None = None, **params: o
 
 
 def test_profile_keys_are_the_parameters() -> None:
-    spec = spec_of(nodes="2:4", nproc_per_node=4, gpus_per_node=4, time="04:00:00",
-                   partition="gpu", rdzv="etcd", etcd_sidecar=True, no_kill=True,
-                   env={"NCCL_DEBUG": "INFO"}, sbatch_options={"reservation": "r1"})  # fmt: skip
+    spec = spec_of(
+        nodes="2:4",
+        nproc_per_node=4,
+        gpus_per_node=4,
+        time="04:00:00",
+        partition="gpu",
+        rdzv="etcd",
+        etcd_sidecar=True,
+        no_kill=True,
+        env={"NCCL_DEBUG": "INFO"},
+        sbatch_options={"reservation": "r1"},
+    )
     assert spec.nodes == NodeRange(2, 4)
     assert spec.effective_nproc_per_node == 4 and spec.gpus_per_node == 4
     assert spec.time_limit == timedelta(hours=4)
@@ -57,8 +66,14 @@ def test_max_failure_requeues_is_a_parameter() -> None:
 
 
 def test_submitits_names_are_accepted_in_its_units() -> None:
-    spec = spec_of(timeout_min=90.5, mem_gb=2, tasks_per_node=8, name="sweep",
-                   slurm_partition="debug", slurm_account="ml")  # fmt: skip
+    spec = spec_of(
+        timeout_min=90.5,
+        mem_gb=2,
+        tasks_per_node=8,
+        name="sweep",
+        slurm_partition="debug",
+        slurm_account="ml",
+    )
     assert spec.time_limit == timedelta(minutes=91)  # SLURM counts whole minutes
     assert spec.mem == "2048M"
     assert spec.nproc_per_node == 8
@@ -72,9 +87,14 @@ def test_submitits_max_num_timeout_is_the_requeue_budget() -> None:
 
 @pytest.mark.parametrize(
     ("given", "folder"),
-    [("log", "log"), ("log/%j", "log"), ("runs/exp1/%j", "runs/exp1"), ("%j", "."),
-     ("log/%A_%a", "log")],
-)  # fmt: skip
+    [
+        ("log", "log"),
+        ("log/%j", "log"),
+        ("runs/exp1/%j", "runs/exp1"),
+        ("%j", "."),
+        ("log/%A_%a", "log"),
+    ],
+)
 def test_submitits_one_folder_per_job_is_the_folder(given: str, folder: str) -> None:
     assert executor_folder(given) == Path(folder)
 
@@ -188,9 +208,15 @@ def test_local_keeps_scheduling_settings_unused() -> None:
 
 
 def test_local_settings_carry_what_one_node_uses() -> None:
-    spec = spec_of(nproc_per_node=3, max_restarts=2, max_requeues=9, log_dir="logs",
-                   checkpoint_dir="~/ckpt", env={"SEED": "7"},
-                   path="/venv/bin:/usr/bin")  # fmt: skip
+    spec = spec_of(
+        nproc_per_node=3,
+        max_restarts=2,
+        max_requeues=9,
+        log_dir="logs",
+        checkpoint_dir="~/ckpt",
+        env={"SEED": "7"},
+        path="/venv/bin:/usr/bin",
+    )
     settings = LocalSettings.of(spec, Path("/home/u/project"))
     assert (settings.nproc_per_node, settings.max_restarts) == (3, 2)
     assert settings.max_requeues == 5  # submitit's controller runs a task 6 times at most
@@ -201,8 +227,12 @@ def test_local_settings_carry_what_one_node_uses() -> None:
 
 
 def test_every_node_names_a_run_alike() -> None:
-    node_a = {"HPCLAUNCH_REQUEUE_COUNT": "1", "SLURM_STEP_ID": "0", "HPCLAUNCH_ATTEMPT": "2",
-              "TORCHELASTIC_RESTART_COUNT": "1"}  # fmt: skip
+    node_a = {
+        "HPCLAUNCH_REQUEUE_COUNT": "1",
+        "SLURM_STEP_ID": "0",
+        "HPCLAUNCH_ATTEMPT": "2",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+    }
     node_b = {**node_a, "TORCHELASTIC_RESTART_COUNT": "0"}  # per agent: differs
     finished_dir = ExecutorFolder(FOLDER).finished
     assert finished_dir("7", node_a) == finished_dir("7", node_b)

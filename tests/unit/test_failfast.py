@@ -35,8 +35,10 @@ def test_other_errors_symptoms_signals_and_timeouts_are_no_nodes_error() -> None
     assert (
         failfast.own_error([WorkerFailure(0, 1, "RuntimeError: Connection reset by peer")]) is None
     )
-    waited = ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
-              "1800000ms for recv operation to complete")  # fmt: skip
+    waited = (
+        "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+        "1800000ms for recv operation to complete"
+    )
     assert failfast.own_error([WorkerFailure(0, 1, waited)]) is None
     assert failfast.own_error([WorkerFailure(0, -11, "killed by SIGSEGV")]) is None
     assert failfast.own_error([]) is None

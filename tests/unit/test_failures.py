@@ -19,8 +19,14 @@ BUG = "ValueError: bad value at step 3"
 
 
 def rec(node: str, attempt: int, *workers: tuple[int, int, str]) -> NodeRecord:
-    return NodeRecord(node, int(node[1:]) - 1, 0, attempt, float(attempt),
-                      tuple(WorkerFailure(*w) for w in workers))  # fmt: skip
+    return NodeRecord(
+        node,
+        int(node[1:]) - 1,
+        0,
+        attempt,
+        float(attempt),
+        tuple(WorkerFailure(*w) for w in workers),
+    )
 
 
 @pytest.mark.parametrize(
@@ -28,27 +34,39 @@ def rec(node: str, attempt: int, *workers: tuple[int, int, str]) -> NodeRecord:
     [
         ([], Finding(Verdict.UNKNOWN)),
         # one node's own errors, symptoms elsewhere: that node is bad
-        ([rec("n1", 0, (0, 1, PEER), (1, -15, PEER)), rec("n2", 0, (2, 4, BAD), (3, 4, BAD)),
-          rec("n1", 1, (0, 1, PEER)), rec("n2", 1, (2, 4, BAD))],
-         Finding(Verdict.BAD_NODES, ("n2",), BAD)),
+        (
+            [
+                rec("n1", 0, (0, 1, PEER), (1, -15, PEER)),
+                rec("n2", 0, (2, 4, BAD), (3, 4, BAD)),
+                rec("n1", 1, (0, 1, PEER)),
+                rec("n2", 1, (2, 4, BAD)),
+            ],
+            Finding(Verdict.BAD_NODES, ("n2",), BAD),
+        ),
         # the same error on every node: a bug
         ([rec("n1", 0, (0, 1, BUG)), rec("n2", 0, (2, 1, BUG))], Finding(Verdict.BUG, (), BUG)),
         # a node with errors and one with no record at all (stopped for the new round)
-        ([rec("n2", 0, (2, 4, BAD)), rec("n2", 1, (2, 4, BAD))],
-         Finding(Verdict.BAD_NODES, ("n2",), BAD)),
+        (
+            [rec("n2", 0, (2, 4, BAD)), rec("n2", 1, (2, 4, BAD))],
+            Finding(Verdict.BAD_NODES, ("n2",), BAD),
+        ),
         # only symptoms: nothing to go on
-        ([rec("n1", 0, (0, 1, PEER)), rec("n2", 0, (2, -int(signal.SIGTERM), "x"))],
-         Finding(Verdict.UNKNOWN)),
+        (
+            [rec("n1", 0, (0, 1, PEER)), rec("n2", 0, (2, -int(signal.SIGTERM), "x"))],
+            Finding(Verdict.UNKNOWN),
+        ),
     ],
-)  # fmt: skip
+)
 def test_classify(records: list[NodeRecord], expected: Finding) -> None:
     assert classify(records, ["n1", "n2"]) == expected
 
 
 def test_records_round_trip_and_messages(tmp_path: Path) -> None:
     err = tmp_path / "rank-2.err"
-    err.write_text("warning: numpy\n[rank2]: Traceback (most recent call last):\n"
-                   "[rank2]:   File 'x.py'\n[rank2]: ValueError: bad\n")  # fmt: skip
+    err.write_text(
+        "warning: numpy\n[rank2]: Traceback (most recent call last):\n"
+        "[rank2]:   File 'x.py'\n[rank2]: ValueError: bad\n"
+    )
     quiet = Failure(3, 1, -9, 11, 0.0)
     record = failures.record_of("n2", 1, 0, 2, [Failure(2, 0, 1, 10, 0.0, "", str(err)), quiet])
     assert [(w.rank, w.message) for w in record.workers] == [

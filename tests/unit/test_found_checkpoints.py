@@ -195,9 +195,14 @@ def test_an_older_history_without_patterns_still_loads(tmp_path: Path) -> None:
 
 def test_the_supervisor_records_the_patterns_from_the_submit_folder(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": str(JOB), "SLURM_SUBMIT_DIR": str(tmp_path / "sub"), "PATH": "/bin"}
-    status = supervise([sys.executable, "-c", "pass"], env=env, slurm=Slurm(FakeRunner({})),
-                       job_dir=tmp_path / "job", max_requeues=3,
-                       checkpoint_patterns=("snapshot.pt", "/abs/**/*.ckpt"))  # fmt: skip
+    status = supervise(
+        [sys.executable, "-c", "pass"],
+        env=env,
+        slurm=Slurm(FakeRunner({})),
+        job_dir=tmp_path / "job",
+        max_requeues=3,
+        checkpoint_patterns=("snapshot.pt", "/abs/**/*.ckpt"),
+    )
     assert status == 0
     assert History.load(tmp_path / "job", JOB).checkpoint_patterns == [
         str(tmp_path / "sub" / "snapshot.pt"),
@@ -216,14 +221,22 @@ def project(tmp_path: Path) -> Path:
 
 
 def sbatch(project: Path, *args: str, runner: FakeRunner | None = None) -> Result:
-    obj = CliContext(slurm=Slurm(runner or FakeRunner({})), cwd=project,
-                     env={"HOME": str(project / "home")})  # fmt: skip
+    obj = CliContext(
+        slurm=Slurm(runner or FakeRunner({})), cwd=project, env={"HOME": str(project / "home")}
+    )
     return CliRunner().invoke(main, ["sbatch", *args], obj=obj)
 
 
 def test_sbatch_passes_each_pattern_to_the_supervisor(project: Path) -> None:
-    result = sbatch(project, "--dry-run", "--checkpoint-pattern", "snapshot.pt",
-                    "--checkpoint-pattern", "out dir/**/*.ckpt", "train.py")  # fmt: skip
+    result = sbatch(
+        project,
+        "--dry-run",
+        "--checkpoint-pattern",
+        "snapshot.pt",
+        "--checkpoint-pattern",
+        "out dir/**/*.ckpt",
+        "train.py",
+    )
     assert result.exit_code == 0, result.output
     assert (
         "--checkpoint-pattern snapshot.pt --checkpoint-pattern 'out dir/**/*.ckpt' --job-dir"

@@ -26,16 +26,31 @@ def run_attempts(requeue: int, *rows: dict[str, object]) -> list[goodput.Attempt
 Row = dict[str, object]
 
 
-def node(attempt: int, begin: float, first: float | None, end: float | None = None,
-         last: float | None = None, host: str = "n1", step: int = 5) -> list[Row]:  # fmt: skip
+def node(
+    attempt: int,
+    begin: float,
+    first: float | None,
+    end: float | None = None,
+    last: float | None = None,
+    host: str = "n1",
+    step: int = 5,
+) -> list[Row]:
     rows: list[dict[str, object]] = [
         {"node": host, "attempt": attempt, "event": "begin", "time": begin}
     ]
     if first is not None:
         rows.append({"node": host, "attempt": attempt, "event": "first", "time": first, "step": 1})
     if end is not None:
-        rows.append({"node": host, "attempt": attempt, "event": "end", "time": end,
-                     "step": step, "step_time": last})  # fmt: skip
+        rows.append(
+            {
+                "node": host,
+                "attempt": attempt,
+                "event": "end",
+                "time": end,
+                "step": step,
+                "step_time": last,
+            }
+        )
     return rows
 
 
@@ -64,16 +79,29 @@ def test_a_lost_node_requeues_and_the_steps_after_the_checkpoint_are_lost() -> N
     }
     saved = [Save(step=10, called=30, blocked_s=2)]
     split = goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True)
-    assert parts(split) == {"queue": 20, "startup": 20, "productive": 45, "checkpoint": 2,
-                            "lost": 18, "restarts": 10, "shutdown": 5}  # fmt: skip
+    assert parts(split) == {
+        "queue": 20,
+        "startup": 20,
+        "productive": 45,
+        "checkpoint": 2,
+        "lost": 18,
+        "restarts": 10,
+        "shutdown": 5,
+    }
 
 
 def test_an_in_place_restart_after_a_hang() -> None:
     runs = [RunTimes(0, 0, 100, "completed")]
     found = {0: run_attempts(0, *node(0, 2, 10, 50, 40), *node(1, 52, 60, 97, 95))}
     split = goodput.timeline(runs, found, [], {(0, 0)}, submitted=None, now=500, final=True)
-    assert parts(split) == {"startup": 10, "lost": 30, "hangs": 10, "restarts": 10,
-                            "productive": 35, "shutdown": 5}  # fmt: skip
+    assert parts(split) == {
+        "startup": 10,
+        "lost": 30,
+        "hangs": 10,
+        "restarts": 10,
+        "productive": 35,
+        "shutdown": 5,
+    }
     assert split is not None and not split.split.submit_known
     assert "submit time unknown" in split.split.line()
 
@@ -129,24 +157,34 @@ def test_the_parts_add_up_whatever_the_clocks_say(seed: int) -> None:
     def t() -> float:
         return rng.uniform(0, 1000)
 
-    runs = [RunTimes(q, t(), rng.choice([None, t()]), rng.choice(["completed", "failed"]))
-            for q in range(rng.randint(1, 3))]  # fmt: skip
+    runs = [
+        RunTimes(q, t(), rng.choice([None, t()]), rng.choice(["completed", "failed"]))
+        for q in range(rng.randint(1, 3))
+    ]
     found = {
-        r.requeue: run_attempts(r.requeue, *[row for a in range(rng.randint(0, 3))
-                                             for row in node(a, t(), t(), t(), t())])
+        r.requeue: run_attempts(
+            r.requeue,
+            *[row for a in range(rng.randint(0, 3)) for row in node(a, t(), t(), t(), t())],
+        )
         for r in runs
-    }  # fmt: skip
+    }
     saved = [Save(1, t(), rng.uniform(0, 50)) for _ in range(rng.randint(0, 4))]
     hung = {(0, 0)} if rng.random() < 0.5 else set()
-    split = goodput.timeline(runs, found, sorted(saved, key=lambda s: s.called), hung,
-                          rng.choice([None, t()]), now=t(), final=rng.random() < 0.5)  # fmt: skip
+    split = goodput.timeline(
+        runs,
+        found,
+        sorted(saved, key=lambda s: s.called),
+        hung,
+        rng.choice([None, t()]),
+        now=t(),
+        final=rng.random() < 0.5,
+    )
     parts(split)
     assert split is not None and all(v >= 0 for v in split.split.parts().values())
 
 
 def test_durations_read_as_people_say_them() -> None:
-    assert [goodput.duration(s) for s in (4.4, 185, 7440)] == ["4 s", "3 min 05 s",
-                                                               "2 h 04 min"]  # fmt: skip
+    assert [goodput.duration(s) for s in (4.4, 185, 7440)] == ["4 s", "3 min 05 s", "2 h 04 min"]
 
 
 def test_a_lightning_checkpoint_keeps_the_steps_before_it(tmp_path: Path) -> None:
@@ -155,8 +193,10 @@ def test_a_lightning_checkpoint_keeps_the_steps_before_it(tmp_path: Path) -> Non
     from hpclaunch.jobdir.layout import JobFolder
 
     job = JobFolder(tmp_path)
-    runs = [Run(0, "n1", 10.0, 60.0, reason="bad nodes", action="requeue"),
-            Run(1, "n1", 70.0, 120.0, reason="completed", action="none")]  # fmt: skip
+    runs = [
+        Run(0, "n1", 10.0, 60.0, reason="bad nodes", action="requeue"),
+        Run(1, "n1", 70.0, 120.0, reason="completed", action="none"),
+    ]
     history = History(7, 3, runs)
     history.save(tmp_path)
     for requeue, rows in ((0, node(0, 12, 20, 55, 50)), (1, node(0, 72, 80, 118, 115))):
@@ -179,8 +219,9 @@ def test_a_save_after_the_last_noted_step_keeps_the_training_before_it() -> None
         0: run_attempts(0, *node(0, 12, 20)),
         1: run_attempts(1, *node(0, 72, 80, 118, 115)),
     }
-    found[0] = goodput.with_notes(found[0], [NodeProgress("n1", 0, 45.0, (
-        RankProgress(0, 30, 1.0, 0.3, 5.0),))])  # fmt: skip
+    found[0] = goodput.with_notes(
+        found[0], [NodeProgress("n1", 0, 45.0, (RankProgress(0, 30, 1.0, 0.3, 5.0),))]
+    )
     saved = [Save(step=39, called=50, blocked_s=1)]
     split = goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True)
     got = parts(split)

@@ -108,8 +108,9 @@ def report(
 ) -> hangs.HangReport:
     stacks = f"/j/hangs/requeue-0/attempt-0-node-{node}.txt"
     how = "not waiting in a collective"
-    return hangs.HangReport(node, 0, 0, 0, 1.0, "no progress for 6 s", 5.0, ranks, culprits,
-                            how, stacks)  # fmt: skip
+    return hangs.HangReport(
+        node, 0, 0, 0, 1.0, "no progress for 6 s", 5.0, ranks, culprits, how, stacks
+    )
 
 
 def test_the_hang_began_where_a_node_named_ranks_and_every_other_rank_waited() -> None:

@@ -20,8 +20,14 @@ from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
 
 def run(count: int, token: str, reason: str | None = None, started: float = 0.0) -> dict[str, Any]:
     action = None if reason is None else "none"
-    return {"requeue_count": count, "token": token, "started": started or 100.0 + count,
-            "reason": reason, "action": action, "error": None}  # fmt: skip
+    return {
+        "requeue_count": count,
+        "token": token,
+        "started": started or 100.0 + count,
+        "reason": reason,
+        "action": action,
+        "error": None,
+    }
 
 
 def history(*runs: dict[str, Any], budget: int = 3) -> dict[str, Any]:
@@ -116,8 +122,9 @@ def test_status_shows_the_lost_run(tmp_path: Path) -> None:
     status = JobStatus(job_id=7)
     _from_folder(tmp_path, status)
     assert [(r.requeue, r.reason, r.action) for r in status.runs] == [
-        (0, "lost", "SLURM requeues"), (1, "completed", "none"),
-    ]  # fmt: skip
+        (0, "lost", "SLURM requeues"),
+        (1, "completed", "none"),
+    ]
 
 
 def _scontrol(restarts: int) -> FakeRunner:

@@ -68,9 +68,13 @@ def test_the_batch_log_and_the_executor_files_keep_their_names() -> None:
 
 def old_folder(root: Path) -> Path:
     """A job folder as the previous version wrote it, by hand: the names are literal."""
-    for name in ("requeue-1/step-0/attempt-0", "requeue-0/step-1/attempt-0",
-                 "requeue-0/step-batch/attempt-1", "requeue-0/step-0/attempt-10",
-                 "requeue-0/step-0/attempt-2"):  # fmt: skip
+    for name in (
+        "requeue-1/step-0/attempt-0",
+        "requeue-0/step-1/attempt-0",
+        "requeue-0/step-batch/attempt-1",
+        "requeue-0/step-0/attempt-10",
+        "requeue-0/step-0/attempt-2",
+    ):
         (root / "logs" / name).mkdir(parents=True)
     (root / "logs" / "requeue-x" / "step-0" / "attempt-0").mkdir(parents=True)  # not ours
     (root / "logs" / "requeue-0" / "step-0" / "attempt-3").write_text("a file, not a folder")

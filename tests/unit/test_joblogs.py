@@ -33,8 +33,11 @@ def test_describe_exit(code: int, text: str) -> None:
 def test_traceback_from_the_error_file_first(tmp_path: Path) -> None:
     error = tmp_path / "rank-3.json"
     stack = "Traceback (most recent call last):\n  ...\nValueError: recorded"
-    error.write_text(json.dumps({"message": {"message": "ValueError: recorded",
-                                             "extraInfo": {"py_callstack": stack}}}))  # fmt: skip
+    error.write_text(
+        json.dumps(
+            {"message": {"message": "ValueError: recorded", "extraInfo": {"py_callstack": stack}}}
+        )
+    )
     stderr = tmp_path / "rank-3.err"
     stderr.write_text("\n".join(TRACE) + "\n")
     failure = Failure(3, 1, 1, 100, 0.0, str(error), str(stderr))
@@ -84,8 +87,9 @@ def test_root_cause_block_blames_the_failure_not_the_workers_the_agent_stopped(
 
 
 def test_root_cause_without_any_traceback() -> None:
-    block = root_cause_block([Failure(0, 0, -9, 1, 5.0)], job_id=1, host="n1", node_rank=0,
-                             command=("app",))  # fmt: skip
+    block = root_cause_block(
+        [Failure(0, 0, -9, 1, 5.0)], job_id=1, host="n1", node_rank=0, command=("app",)
+    )
     assert "killed by SIGKILL (exit code -9)" in block
     assert "traceback : none recorded" in block
 
@@ -120,13 +124,25 @@ def test_root_cause_of_lightnings_default_trainer_says_what_to_set(tmp_path: Pat
         "[rank0]: ValueError: You set `devices=1` and `num_nodes=1` in Lightning, but the product"
         " (1 * 1) does not match the world size (4).\n"
     )
-    block = root_cause_block([Failure(0, 0, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
-                             node_rank=0, command=("train.py",))  # fmt: skip
-    assert "  fix       : Lightning's Trainer must be told the job's size: Trainer(**hpclaunch." \
-        "frameworks.lightning.trainer_args(), ...)" in block  # fmt: skip
+    block = root_cause_block(
+        [Failure(0, 0, 1, 7, 5.0, "", str(stderr))],
+        job_id=1,
+        host="n1",
+        node_rank=0,
+        command=("train.py",),
+    )
+    assert (
+        "  fix       : Lightning's Trainer must be told the job's size: Trainer(**hpclaunch."
+        "frameworks.lightning.trainer_args(), ...)" in block
+    )
     stderr.write_text("[rank0]: ValueError: bad batch\n")  # any other error: no fix line
-    block = root_cause_block([Failure(0, 0, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
-                             node_rank=0, command=("train.py",))  # fmt: skip
+    block = root_cause_block(
+        [Failure(0, 0, 1, 7, 5.0, "", str(stderr))],
+        job_id=1,
+        host="n1",
+        node_rank=0,
+        command=("train.py",),
+    )
     assert "fix       :" not in block
 
 
@@ -136,8 +152,14 @@ def test_root_cause_of_submitits_export_says_to_leave_it_out(tmp_path: Path) -> 
         "[rank1]: Traceback (most recent call last):\n"
         "[rank1]: RuntimeError: Cannot export environment variables as MASTER_ADDR is already set\n"
     )
-    block = root_cause_block([Failure(1, 1, 1, 7, 5.0, "", str(stderr))], job_id=1, host="n1",
-                             node_rank=0, command=("train.py",))  # fmt: skip
-    assert "  fix       : the agent sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and " \
-        "LOCAL_RANK already: leave submitit's TorchDistributedEnvironment().export() out" \
-        in block  # fmt: skip
+    block = root_cause_block(
+        [Failure(1, 1, 1, 7, 5.0, "", str(stderr))],
+        job_id=1,
+        host="n1",
+        node_rank=0,
+        command=("train.py",),
+    )
+    assert (
+        "  fix       : the agent sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and "
+        "LOCAL_RANK already: leave submitit's TorchDistributedEnvironment().export() out" in block
+    )

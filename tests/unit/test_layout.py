@@ -1,4 +1,4 @@
-"""The package's shape, as the re-layout left it: small modules and functions, no import
+"""The package's shape: no import
 cycles, each folder importing only what its place in the data flow allows.
 
 These read the source (ast), so a change that breaks a rule fails here with the file,
@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpclaunch"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
 # Folders whose code runs on the login node or in the batch step: torch may be imported
 # only inside a function there (the CLI answers in a fraction of a second).
 NO_TORCH_AT_TOP = ("cli", "job", "slurm", "jobdir", "ops", "recovery")
@@ -58,17 +56,6 @@ MODULES = _modules()
 NAMES = {m.name for m in MODULES}
 
 
-def _literal_lines(node: ast.AST) -> set[int]:
-    """Lines that belong to string literals spanning several lines (docstrings, texts)."""
-    lines: set[int] = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-            end = sub.end_lineno or sub.lineno
-            if end > sub.lineno:
-                lines.update(range(sub.lineno, end + 1))
-    return lines
-
-
 def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -99,23 +86,6 @@ def imports(module: Module, *, top_level_only: bool = False) -> Iterator[tuple[s
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 yield (sub if sub in NAMES else node.module), node.lineno
-
-
-@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.rel)
-def test_module_is_small(module: Module) -> None:
-    lines = len(module.path.read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{module.rel} has {lines} lines; split it by its jobs"
-
-
-def test_functions_are_small() -> None:
-    long = []
-    for module in MODULES:
-        for fn in _functions(module.tree):
-            span = set(range(fn.lineno, (fn.end_lineno or fn.lineno) + 1))
-            count = len(span - _literal_lines(fn))
-            if count > MAX_FUNCTION_LINES:
-                long.append(f"{module.rel}:{fn.lineno} {fn.name}() has {count} lines")
-    assert not long, "functions over 60 lines (long literals not counted):\n" + "\n".join(long)
 
 
 def test_no_import_cycles() -> None:
@@ -214,10 +184,12 @@ def test_nothing_passes_values_through_the_environment_or_patches_modules() -> N
                 continue
             text = ast.unparse(node) if isinstance(node, ast.stmt | ast.Call) else ""
             targets = (
-                node.targets if isinstance(node, ast.Assign)
-                else [node.target] if isinstance(node, ast.AugAssign)
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AugAssign)
                 else []
-            )  # fmt: skip
+            )
             writes = any(ast.unparse(target).startswith("os.environ[") for target in targets)
             calls = isinstance(node, ast.Call) and ast.unparse(node.func) in {
                 "os.environ.update",

@@ -34,8 +34,14 @@ def test_trainer_args_outside_a_launch_name_the_values_and_the_fix(
 
 def test_resume_path_is_the_newest_committed_checkpoint(tmp_path: Path) -> None:
     assert hl.resume_path(tmp_path) is None
-    for name in ("step-000000000005.ckpt", "step-000000000040.ckpt", "step-000000000010.ckpt",
-                 "step-000000000050.ckpt.tmp", "last.ckpt", "step-7.ckpt"):  # fmt: skip
+    for name in (
+        "step-000000000005.ckpt",
+        "step-000000000040.ckpt",
+        "step-000000000010.ckpt",
+        "step-000000000050.ckpt.tmp",
+        "last.ckpt",
+        "step-7.ckpt",
+    ):
         (tmp_path / name).write_bytes(b"")
     assert hl.resume_path(tmp_path) == str(tmp_path / "step-000000000040.ckpt")
     assert [step for step, _ in hl.committed(tmp_path)] == [5, 10, 40]
@@ -47,10 +53,13 @@ def test_resume_path_outside_a_job_names_the_variable(monkeypatch: pytest.Monkey
         hl.resume_path()
 
 
-@pytest.mark.parametrize(("kwargs", "says"), [
-    ({"every_n_steps": 0}, "every_n_steps must be at least 1 or None, not 0"),
-    ({"keep_last": 0}, "keep_last must be at least 1, not 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"every_n_steps": 0}, "every_n_steps must be at least 1 or None, not 0"),
+        ({"keep_last": 0}, "keep_last must be at least 1, not 0"),
+    ],
+)
 def test_stop_checkpoint_refuses_bad_settings(kwargs: dict[str, int], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         hl.StopCheckpoint(**kwargs)

@@ -47,14 +47,26 @@ def job_folder(root: Path) -> Path:
     folder = root / "logs" / str(JOB)
     history = History(JOB, 3, checkpoint_dir=str(folder / "ckpt"))
     history.runs = [
-        Run(0, "n[1-3]", 1000.0, 1060.0, 1, None, "bad nodes", "requeue", ["n2"],
-                    "RuntimeError: CUDA error"),
+        Run(
+            0,
+            "n[1-3]",
+            1000.0,
+            1060.0,
+            1,
+            None,
+            "bad nodes",
+            "requeue",
+            ["n2"],
+            "RuntimeError: CUDA error",
+        ),
         Run(1, "n[1,3-4]", 1100.0),
-    ]  # fmt: skip
+    ]
     history.save(folder)
-    for requeue_count, attempt, nodes in ((0, 0, {"n1": [0, 1], "n2": [2, 3]}),
-                                          (0, 1, {"n1": [0, 1], "n2": [2, 3]}),
-                                          (1, 0, {"n1": [0, 1], "n4": [2, 3]})):  # fmt: skip
+    for requeue_count, attempt, nodes in (
+        (0, 0, {"n1": [0, 1], "n2": [2, 3]}),
+        (0, 1, {"n1": [0, 1], "n2": [2, 3]}),
+        (1, 0, {"n1": [0, 1], "n4": [2, 3]}),
+    ):
         logs = folder / "logs" / f"requeue-{requeue_count}" / "step-0" / f"attempt-{attempt}"
         logs.mkdir(parents=True)
         for node, ranks in nodes.items():
@@ -89,10 +101,22 @@ def test_the_job_list_appends_and_skips_damaged_lines(env: dict[str, str]) -> No
 
 def test_status_joins_slurm_and_the_job_folder(tmp_path: Path, env: dict[str, str]) -> None:
     folder = job_folder(tmp_path)
-    slurm = Slurm(FakeRunner({"scontrol": scontrol(
-        JobId=str(JOB), JobName="train", JobState="RUNNING", Restarts="1", NodeList="n[1,3-4]",
-        ExitCode="0:0", StdOut=str(tmp_path / "logs" / f"train-{JOB}.out"), Reason="None",
-    )}))  # fmt: skip
+    slurm = Slurm(
+        FakeRunner(
+            {
+                "scontrol": scontrol(
+                    JobId=str(JOB),
+                    JobName="train",
+                    JobState="RUNNING",
+                    Restarts="1",
+                    NodeList="n[1,3-4]",
+                    ExitCode="0:0",
+                    StdOut=str(tmp_path / "logs" / f"train-{JOB}.out"),
+                    Reason="None",
+                )
+            }
+        )
+    )
     status = gather(JOB, slurm, env)  # found by StdOut: not in the job list
     assert (status.state, status.state_source, status.name) == ("RUNNING", "scontrol", "train")
     assert status.nodes == ["n1", "n3", "n4"] and status.requeues == 1
@@ -110,8 +134,7 @@ def test_status_from_the_folder_alone_once_slurm_forgot(
 ) -> None:
     folder = job_folder(tmp_path)
     history = History.load(folder, JOB, 3)
-    finish(history.runs[-1], 0, None, Decision(
-        Action.NONE, Reason.COMPLETED, 0))  # fmt: skip
+    finish(history.runs[-1], 0, None, Decision(Action.NONE, Reason.COMPLETED, 0))
     history.save(folder)
     slurm = Slurm(FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}))
     status = gather(JOB, slurm, env, folder)
@@ -148,8 +171,15 @@ def test_changes_are_told_once_each() -> None:
     assert changes(pending, running) == ["state RUNNING on n[1-2]"]
     assert changes(running, running) == []
     why = "attempt 1 began after attempt 0 failed: rank 3 on n2: ValueError: boom"
-    restarted = JobStatus(JOB, state="RUNNING", nodes=["n1", "n2"], requeues=0, attempts=2,
-                          checkpoint_step=10, restarts=[why])  # fmt: skip
+    restarted = JobStatus(
+        JOB,
+        state="RUNNING",
+        nodes=["n1", "n2"],
+        requeues=0,
+        attempts=2,
+        checkpoint_step=10,
+        restarts=[why],
+    )
     assert changes(running, restarted) == [
         f"worker group restarted in place: {why}",
         "checkpoint: step 10",
@@ -158,10 +188,15 @@ def test_changes_are_told_once_each() -> None:
     from hpclaunch.ops.status import RunSummary
 
     requeued = JobStatus(
-        JOB, state="PENDING", requeues=1, max_requeues=3, checkpoint_step=10,
-        excluded=[Exclusion("n2", "bad nodes: boom")], pending_reason="BeginTime",
+        JOB,
+        state="PENDING",
+        requeues=1,
+        max_requeues=3,
+        checkpoint_step=10,
+        excluded=[Exclusion("n2", "bad nodes: boom")],
+        pending_reason="BeginTime",
         runs=[RunSummary(0, ["n1", "n2"], 1.0, 2.0, "bad nodes", "requeue")],
-    )  # fmt: skip
+    )
     assert changes(restarted, requeued) == [
         "requeued (1 of 3): bad nodes",
         "node n2 kept out: bad nodes: boom",
@@ -174,8 +209,13 @@ def test_changes_are_told_once_each() -> None:
 
 
 def test_watch_stops_at_the_end_and_sleeps_between_looks() -> None:
-    looks = iter([JobStatus(JOB, state="PENDING"), JobStatus(JOB, state="RUNNING"),
-                  JobStatus(JOB, state="COMPLETED", exit_code="0:0")])  # fmt: skip
+    looks = iter(
+        [
+            JobStatus(JOB, state="PENDING"),
+            JobStatus(JOB, state="RUNNING"),
+            JobStatus(JOB, state="COMPLETED", exit_code="0:0"),
+        ]
+    )
     lines: list[str] = []
     sleeps: list[float] = []
     last = watch(lambda: next(looks), lines.append, sleeps.append)
@@ -206,8 +246,13 @@ def cli(tmp_path: Path, env: dict[str, str], runner: FakeRunner, *args: str) -> 
 def test_status_command_human_and_json(tmp_path: Path, env: dict[str, str]) -> None:
     folder = job_folder(tmp_path)
     registry.add(env, registry.Entry(JOB, str(folder), "train", 1000.0))
-    fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", NodeList="n[1,3-4]",
-                                            Restarts="1", JobName="train")})  # fmt: skip
+    fake = FakeRunner(
+        {
+            "scontrol": scontrol(
+                JobState="RUNNING", NodeList="n[1,3-4]", Restarts="1", JobName="train"
+            )
+        }
+    )
     human = cli(tmp_path, env, fake, "status", str(JOB))
     assert human.exit_code == 0, human.output
     assert human.stdout.startswith(f"job {JOB} (train): RUNNING\n")
@@ -230,9 +275,19 @@ def test_status_shows_the_last_save_its_lead_warning_and_damaged_ones(
     history.signal_lead_s = 20  # the workers get 15 s after the warning
     history.save(folder)
     for step, total in ((5, 18.0), (10, 3.5)):
-        saves.append(JobFolder(folder).saves, saves.SaveRecord(
-            step=step, sharded=True, asynchronous=True, blocked_s=0.5, total_s=total,
-            bytes=2 * 1024**3, ranks=8, ended=1100.0))  # fmt: skip
+        saves.append(
+            JobFolder(folder).saves,
+            saves.SaveRecord(
+                step=step,
+                sharded=True,
+                asynchronous=True,
+                blocked_s=0.5,
+                total_s=total,
+                bytes=2 * 1024**3,
+                ranks=8,
+                ended=1100.0,
+            ),
+        )
     (folder / "ckpt" / "step-000000000007.damaged").mkdir()
     fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", JobName="train")})
     human = cli(tmp_path, env, fake, "status", "--job-dir", str(folder), str(JOB))
@@ -251,8 +306,9 @@ def test_status_shows_the_last_save_its_lead_warning_and_damaged_ones(
 
 
 def test_an_unknown_job_is_an_error_naming_the_fix(tmp_path: Path, env: dict[str, str]) -> None:
-    result = cli(tmp_path, env, FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}),
-                 "status", "99")  # fmt: skip
+    result = cli(
+        tmp_path, env, FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}), "status", "99"
+    )
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: job 99 (from JOBID) is unknown: scontrol: ")
     assert "pass --job-dir LOG_DIR/JOBID" in result.stderr
@@ -283,8 +339,12 @@ def test_cancel_notes_it_for_the_supervisor_then_scancels(
 ) -> None:
     folder = job_folder(tmp_path)
     registry.add(env, registry.Entry(JOB, str(folder), "train", 1000.0))
-    fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", NodeList="n1"),
-                       "scancel": lambda argv: CommandResult(argv, 0)})  # fmt: skip
+    fake = FakeRunner(
+        {
+            "scontrol": scontrol(JobState="RUNNING", NodeList="n1"),
+            "scancel": lambda argv: CommandResult(argv, 0),
+        }
+    )
     result = cli(tmp_path, env, fake, "cancel", str(JOB))
     assert result.exit_code == 0, result.output
     assert result.stdout == f"job {JOB}: cancelled (was RUNNING on n1); it will not be requeued\n"
@@ -310,8 +370,7 @@ def test_a_refused_cancel_leaves_no_note(tmp_path: Path, env: dict[str, str]) ->
 
 def test_list_shows_the_latest_jobs_with_their_state(tmp_path: Path, env: dict[str, str]) -> None:
     folder = job_folder(tmp_path)
-    fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", NodeList="n[1,3-4]",
-                                            Restarts="1")})  # fmt: skip
+    fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", NodeList="n[1,3-4]", Restarts="1")})
     empty = cli(tmp_path, env, fake, "list")
     assert empty.exit_code == 0 and empty.stdout.startswith("no jobs submitted")
     registry.add(env, registry.Entry(7, str(tmp_path / "gone"), "old", 900.0))
@@ -349,8 +408,7 @@ def test_history_tells_the_state_only_once_slurm_forgot(
 ) -> None:
     folder = job_folder(tmp_path)
     history = History.load(folder, JOB)
-    finish(history.runs[-1], 1, None, Decision(
-        Action.REQUEUE, Reason.BAD_NODES, 0, ("n3",)))  # fmt: skip
+    finish(history.runs[-1], 1, None, Decision(Action.REQUEUE, Reason.BAD_NODES, 0, ("n3",)))
     history.save(folder)
 
     def timed_out(argv: tuple[str, ...]) -> CommandResult:
@@ -364,8 +422,7 @@ def test_history_tells_the_state_only_once_slurm_forgot(
     # Requeued, then forgotten: cancelled while pending, or lost; it is over, without a verdict.
     assert (status.state, status.state_source) == ("ENDED", "history") and status.ended
     assert "did not record how it ended" in status.notes[-1]
-    finish(history.runs[-1], 1, None, Decision(
-        Action.REQUEUE_FAILED, Reason.TIME_LIMIT, 3))  # fmt: skip
+    finish(history.runs[-1], 1, None, Decision(Action.REQUEUE_FAILED, Reason.TIME_LIMIT, 3))
     history.save(folder)
     assert gather(JOB, forgot, env, folder).state == "FAILED"
 
@@ -389,8 +446,9 @@ def test_the_batch_log_and_name_outlive_slurms_memory(tmp_path: Path, env: dict[
     registry.add(env, registry.Entry(JOB, str(folder), "train", 1000.0))
     status = gather(JOB, Slurm(FakeRunner({"scontrol": scontrol(), "sacct": no_sacct})), env)
     assert status.name == "train" and status.batch_log == str(folder.parent / f"train-{JOB}.out")
-    shown = cli(tmp_path, env, FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}),
-                "logs", str(JOB))  # fmt: skip
+    shown = cli(
+        tmp_path, env, FakeRunner({"scontrol": scontrol(), "sacct": no_sacct}), "logs", str(JOB)
+    )
     assert shown.exit_code == 0 and "job completed" in shown.stdout
 
 
@@ -408,9 +466,10 @@ def test_a_damaged_root_cause_or_a_future_job_list_line_is_read(
     target.parent.mkdir(parents=True)
     target.write_text(
         json.dumps({"job_id": 5, "job_dir": "/j/5", "name": "a", "submitted": 1.0, "new": 1})
-        + "\n" + json.dumps({"job_id": 6, "job_dir": "/j/6", "name": "b", "submitted": "x"})
         + "\n"
-    )  # fmt: skip
+        + json.dumps({"job_id": 6, "job_dir": "/j/6", "name": "b", "submitted": "x"})
+        + "\n"
+    )
     assert [e.job_id for e in registry.entries(env)] == [5]  # extra key kept, bad type skipped
 
 

@@ -24,8 +24,12 @@ JOB = 55
 def test_the_loop_starts_from_a_given_look_and_keeps_the_last_when_lost() -> None:
     seen: list[str | None] = []
     looks = iter([JobStatus(JOB, state="RUNNING"), JobStatus(JOB, state="COMPLETED")])
-    last = follow.loop(lambda: next(looks), lambda now: seen.append(now.state),
-                       lambda s: None, first=JobStatus(JOB, state="PENDING"))  # fmt: skip
+    last = follow.loop(
+        lambda: next(looks),
+        lambda now: seen.append(now.state),
+        lambda s: None,
+        first=JobStatus(JOB, state="PENDING"),
+    )
     assert seen == ["PENDING", "RUNNING", "COMPLETED"] and last.state == "COMPLETED"
     forgotten = JobStatus(JOB, slurm_forgot=True, notes=["gone"])
     with pytest.raises(follow.LostTrack) as lost:
@@ -40,8 +44,13 @@ def test_following_logs_writes_what_came_then_the_rest(tmp_path: Path) -> None:
 
     def look() -> JobStatus:
         log.write_text("one\ntwo\nthree")  # the last line not yet ended
-        return JobStatus(JOB, slurm_forgot=True, notes=["scontrol: Invalid job id"],
-                         batch_log=str(log), job_dir=str(tmp_path))  # fmt: skip
+        return JobStatus(
+            JOB,
+            slurm_forgot=True,
+            notes=["scontrol: Invalid job id"],
+            batch_log=str(log),
+            job_dir=str(tmp_path),
+        )
 
     out: list[str] = []
     warned: list[str] = []
@@ -75,8 +84,11 @@ def test_sbatch_and_the_executor_warn_the_same_way(
     blocked = tmp_path / "file"
     blocked.write_text("")
     (tmp_path / "train.py").write_text("")
-    obj = CliContext(slurm=Slurm(FakeRunner({"sbatch": lambda a: CommandResult(a, 0, "77\n")})),
-                     cwd=tmp_path, env={"XDG_STATE_HOME": str(blocked)})  # fmt: skip
+    obj = CliContext(
+        slurm=Slurm(FakeRunner({"sbatch": lambda a: CommandResult(a, 0, "77\n")})),
+        cwd=tmp_path,
+        env={"XDG_STATE_HOME": str(blocked)},
+    )
     result = CliRunner().invoke(main, ["sbatch", "train.py"], obj=obj)
     assert result.exit_code == 0 and result.stdout == "77\n"
     assert result.stderr.startswith("hpclaunch: warning: job 77 was submitted, but could not")
@@ -95,10 +107,14 @@ def test_sbatch_and_the_executor_warn_the_same_way(
 
 
 def _scontrol(state: str) -> FakeRunner:
-    return FakeRunner({
-        "scontrol": lambda a: CommandResult(a, 0, f"JobId={JOB} JobState={state} NodeList=n1\n"),
-        "scancel": lambda a: CommandResult(a, 0),
-    })  # fmt: skip
+    return FakeRunner(
+        {
+            "scontrol": lambda a: CommandResult(
+                a, 0, f"JobId={JOB} JobState={state} NodeList=n1\n"
+            ),
+            "scancel": lambda a: CommandResult(a, 0),
+        }
+    )
 
 
 def test_cancel_without_a_folder_promises_less(tmp_path: Path) -> None:
@@ -112,9 +128,7 @@ def test_the_list_rows_are_the_json_keys(tmp_path: Path) -> None:
     env = {"XDG_STATE_HOME": str(tmp_path)}
     registry.add(env, registry.Entry(JOB, str(tmp_path / "55"), "train", 5.0))
     (row,) = listing.latest(env, Slurm(_scontrol("PENDING")), 20)
-    assert row == listing.ListedJob(JOB, "train", "PENDING", "n1", None, 5.0,
-                                    str(tmp_path / "55"))  # fmt: skip
+    assert row == listing.ListedJob(JOB, "train", "PENDING", "n1", None, 5.0, str(tmp_path / "55"))
     obj = CliContext(slurm=Slurm(_scontrol("PENDING")), cwd=tmp_path, env=env)
     rows = json.loads(CliRunner().invoke(main, ["list", "--json"], obj=obj).stdout)
-    assert list(rows[0]) == ["job_id", "name", "state", "nodes", "requeues", "submitted",
-                             "job_dir"]  # fmt: skip
+    assert list(rows[0]) == ["job_id", "name", "state", "nodes", "requeues", "submitted", "job_dir"]

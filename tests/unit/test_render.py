@@ -27,11 +27,20 @@ def launch_words(script: str) -> list[str]:
 
 def test_default_script_directives() -> None:
     job = JobSpec(
-        "train.py", args=("--lr", "3e-4"), nodes=NodeRange(32, 32), gpus_per_node=8,
-        time_limit=timedelta(hours=4), partition="gpu", account="proj", qos="high",
-        constraint="a100&ib", exclude="n[1-3]", mem="0", cpus_per_task=64,
+        "train.py",
+        args=("--lr", "3e-4"),
+        nodes=NodeRange(32, 32),
+        gpus_per_node=8,
+        time_limit=timedelta(hours=4),
+        partition="gpu",
+        account="proj",
+        qos="high",
+        constraint="a100&ib",
+        exclude="n[1-3]",
+        mem="0",
+        cpus_per_task=64,
         sbatch_options=(("exclusive", None), ("mail-type", "END,FAIL")),
-    )  # fmt: skip
+    )
     assert sbatch_lines(render(job)) == [
         "--job-name=train",
         "--nodes=32",
@@ -73,10 +82,15 @@ def test_gres_directive_and_cpu_job() -> None:
 
 def test_launch_line_supervisor_srun_agent_training() -> None:
     job = JobSpec(
-        "train.py", args=("--lr", "3e-4"), nodes=NodeRange(2, 4), gpus_per_node=8,
-        max_restarts=5, max_requeues=2, cpus_per_task=16,
+        "train.py",
+        args=("--lr", "3e-4"),
+        nodes=NodeRange(2, 4),
+        gpus_per_node=8,
+        max_restarts=5,
+        max_requeues=2,
+        cpus_per_task=16,
         srun_options=(("container-image", "nvcr.io#nvidia/pytorch:24.05-py3"),),
-    )  # fmt: skip
+    )
     argv = launch_words(render(job))
     assert argv[:9] == [
         "exec",
@@ -95,10 +109,23 @@ def test_launch_line_supervisor_srun_agent_training() -> None:
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in srun
     agent = argv[argv.index("agent") :]
     assert agent == [
-        "agent", "--nnodes", "2:4", "--nproc-per-node", "8", "--rdzv", "c10d",
-        "--max-restarts", "5", "--grace-period", "90", "--supervised", "--", "train.py",
-        "--lr", "3e-4",
-    ]  # fmt: skip
+        "agent",
+        "--nnodes",
+        "2:4",
+        "--nproc-per-node",
+        "8",
+        "--rdzv",
+        "c10d",
+        "--max-restarts",
+        "5",
+        "--grace-period",
+        "90",
+        "--supervised",
+        "--",
+        "train.py",
+        "--lr",
+        "3e-4",
+    ]
     assert "#SBATCH --nodes=2-4" in render(job)
     assert "--max-failure-requeues" not in argv  # the supervisor's default is the spec's
 
@@ -126,10 +153,15 @@ def test_etcd_settings_reach_the_agent() -> None:
     assert argv[argv.index("--etcd-endpoint") + 1] == "e1:2379,e2:2379"
     sidecar = launch_words(render(JobSpec("t.py", rdzv=EtcdRdzv(sidecar=True))))
     assert "--etcd-sidecar" in sidecar
-    secured = JobSpec("t.py", rdzv=EtcdRdzv(
-        endpoints=("e1:2379",), cacert="/etc/my ca.pem", user="trainer; rm -rf ~",
-        password_file="$HOME/pw",
-    ))  # fmt: skip
+    secured = JobSpec(
+        "t.py",
+        rdzv=EtcdRdzv(
+            endpoints=("e1:2379",),
+            cacert="/etc/my ca.pem",
+            user="trainer; rm -rf ~",
+            password_file="$HOME/pw",
+        ),
+    )
     text = render(secured)
     argv = launch_words(text)
     assert argv[argv.index("--etcd-cacert") + 1] == "/etc/my ca.pem"
@@ -142,9 +174,11 @@ def test_the_agent_line_keeps_the_order_scripts_had() -> None:
     """Options in the order earlier versions wrote them (scripts users kept and diff
     against): the counts, then --node-multiple, then etcd's; --supervised last."""
     job = JobSpec(
-        "t.py", nodes=NodeRange(2, 4), node_multiple=2,
+        "t.py",
+        nodes=NodeRange(2, 4),
+        node_multiple=2,
         rdzv=EtcdRdzv(endpoints=("e1:2379",), cacert="/ca.pem", user="u", password_file="/pw"),
-    )  # fmt: skip
+    )
     line = next(line for line in render(job).splitlines() if "hpclaunch agent " in line)
     assert line.strip() == (
         "hpclaunch agent --nnodes 2:4 --nproc-per-node 1 --rdzv etcd --max-restarts 3 "
@@ -154,8 +188,7 @@ def test_the_agent_line_keeps_the_order_scripts_had() -> None:
 
 
 def test_no_kill_keeps_the_job_and_the_step_on_a_lost_node() -> None:
-    text = render(JobSpec("t.py", nodes=NodeRange(2, 3), rdzv=EtcdRdzv(sidecar=True),
-                          no_kill=True))  # fmt: skip
+    text = render(JobSpec("t.py", nodes=NodeRange(2, 3), rdzv=EtcdRdzv(sidecar=True), no_kill=True))
     assert "#SBATCH --no-kill\n" in text
     assert "#SBATCH --ntasks-per-node" not in text  # a range: SLURM gives as many as it can
     argv = launch_words(text)

@@ -38,13 +38,15 @@ USR1, TERM = int(signal.SIGUSR1), int(signal.SIGTERM)
         # a preemption without SLURM's requeue, so the supervisor requeues
         (S(143, TERM, 0, 0, 3, steps_only=True), D(Action.REQUEUE, Reason.STEPS_STOPPED, 0)),
         (S(143, TERM, 3, 3, 3, steps_only=True), D(Action.GIVE_UP, Reason.OVER_BUDGET, 4)),
-        (S(143, TERM, 0, 0, 3, steps_only=True, cancelled=True),
-         D(Action.NONE, Reason.CANCELLED, 143)),
+        (
+            S(143, TERM, 0, 0, 3, steps_only=True, cancelled=True),
+            D(Action.NONE, Reason.CANCELLED, 143),
+        ),
         # no signal: the step's own result
         (S(0, None, 0, None, 3), D(Action.NONE, Reason.COMPLETED, 0)),
         (S(1, None, 0, None, 3), D(Action.NONE, Reason.FAILED, 1)),
     ],
-)  # fmt: skip
+)
 def test_decide(situation: Situation, expected: Decision) -> None:
     assert decide(situation) == expected
 

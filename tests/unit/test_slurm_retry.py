@@ -218,8 +218,14 @@ def test_the_supervisor_ends_the_job_with_one_line_when_slurm_stays_away(
 ) -> None:
     clock = FakeClock()
     slurm, runner = slurm_for(Controller(clock, back_at=None))
-    run = Supervisor({"SLURM_JOB_ID": str(JOB)}, slurm, None, 3, 2,
-                     Patience(signal_lead_s=60, after_failure_s=300, clock=clock))  # fmt: skip
+    run = Supervisor(
+        {"SLURM_JOB_ID": str(JOB)},
+        slurm,
+        None,
+        3,
+        2,
+        Patience(signal_lead_s=60, after_failure_s=300, clock=clock),
+    )
     run.on_first_signal(signal.SIGUSR1)
     with caplog.at_level(logging.WARNING):
         status = run.after_step(StepResult(138, (signal.SIGUSR1,)))
@@ -240,8 +246,14 @@ def test_the_supervisor_requeues_once_the_controller_is_back() -> None:
     clock = FakeClock()
     controller = Controller(clock, back_at=40.0)
     slurm, runner = slurm_for(controller)
-    run = Supervisor({"SLURM_JOB_ID": str(JOB)}, slurm, None, 3, 2,
-                     Patience(signal_lead_s=120, after_failure_s=300, clock=clock))  # fmt: skip
+    run = Supervisor(
+        {"SLURM_JOB_ID": str(JOB)},
+        slurm,
+        None,
+        3,
+        2,
+        Patience(signal_lead_s=120, after_failure_s=300, clock=clock),
+    )
     run.on_first_signal(signal.SIGUSR1)
     assert run.after_step(StepResult(138, (signal.SIGUSR1,))) == 0
     assert controller.restarts == 1 and len(requeues(runner)) == 1

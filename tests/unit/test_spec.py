@@ -27,9 +27,13 @@ from hpclaunch.job.values import (
 
 @pytest.mark.parametrize(
     ("text", "expected", "sbatch"),
-    [("1", NodeRange(1, 1), "1"), ("32", NodeRange(32, 32), "32"), ("2:4", NodeRange(2, 4), "2-4"),
-     (" 3:3 ", NodeRange(3, 3), "3")],
-)  # fmt: skip
+    [
+        ("1", NodeRange(1, 1), "1"),
+        ("32", NodeRange(32, 32), "32"),
+        ("2:4", NodeRange(2, 4), "2-4"),
+        (" 3:3 ", NodeRange(3, 3), "3"),
+    ],
+)
 def test_parse_nodes(text: str, expected: NodeRange, sbatch: str) -> None:
     nodes = parse_nodes(text)
     assert nodes == expected

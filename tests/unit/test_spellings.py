@@ -127,8 +127,17 @@ def test_agent_refuses_torchruns_other_names(project: Path, flag: str, needle: s
 
 
 def test_agent_takes_torchruns_underscore_names(project: Path) -> None:
-    result = agent(project, "--dry-run", "--master-addr", "10.0.0.1", "--nproc_per_node", "3",
-                   "--max_restarts", "7", "train.py")  # fmt: skip
+    result = agent(
+        project,
+        "--dry-run",
+        "--master-addr",
+        "10.0.0.1",
+        "--nproc_per_node",
+        "3",
+        "--max_restarts",
+        "7",
+        "train.py",
+    )
     assert result.exit_code == 0, result.stderr
     assert '"nproc_per_node": 3' in result.stdout
     assert '"max_restarts": 7' in result.stdout

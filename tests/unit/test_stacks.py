@@ -74,8 +74,12 @@ def test_py_spy_and_faulthandler_parse_to_the_same_threads() -> None:
         Frame("wait_here", "/work/stuck.py", 4),
         Frame("<module>", "/work/stuck.py", 13),
     )
-    assert [f.function for f in by_fh[1].frames] == ["helper", "run", "_bootstrap_inner",
-                                                     "_bootstrap"]  # fmt: skip
+    assert [f.function for f in by_fh[1].frames] == [
+        "helper",
+        "run",
+        "_bootstrap_inner",
+        "_bootstrap",
+    ]
     assert stacks.parse("no stack: py-spy did not answer in 10 s") == []
 
 
@@ -110,9 +114,15 @@ def test_identical_stacks_are_grouped_most_ranks_first() -> None:
 
 @pytest.mark.parametrize(
     ("ranks", "text"),
-    [([0], "0"), ([0, 1, 2, 5], "0-2,5"), ([7, 3, 4, 5, 9], "3-5,7,9"), ([1, 3], "1,3"),
-     ([], ""), (list(range(256)), "0-255")],
-)  # fmt: skip
+    [
+        ([0], "0"),
+        ([0, 1, 2, 5], "0-2,5"),
+        ([7, 3, 4, 5, 9], "3-5,7,9"),
+        ([1, 3], "1,3"),
+        ([], ""),
+        (list(range(256)), "0-255"),
+    ],
+)
 def test_ranks_text(ranks: list[int], text: str) -> None:
     assert stacks.ranks_text(ranks) == text
 
@@ -186,8 +196,13 @@ def test_every_node_answers_and_identical_stacks_print_once(
     tmp_path: Path, agents: Callable[..., FakeAgents]
 ) -> None:
     job = job_folder(tmp_path, {"n1": [0, 1], "n2": [2, 3]})
-    agents(job, {"n1": {0: PY_SPY, 1: PY_SPY.replace("27085", "2")},
-                 "n2": {2: PY_SPY.replace("27085", "3"), 3: PY_SPY_OTHER}})  # fmt: skip
+    agents(
+        job,
+        {
+            "n1": {0: PY_SPY, 1: PY_SPY.replace("27085", "2")},
+            "n2": {2: PY_SPY.replace("27085", "3"), 3: PY_SPY_OTHER},
+        },
+    )
     result = cli(tmp_path, scontrol("RUNNING"), "stacks", "--job-dir", str(job.root), str(JOB))
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -204,12 +219,16 @@ def test_every_node_answers_and_identical_stacks_print_once(
     # Nothing is left for an agent to answer, and no answers pile up in the folder.
     assert list(job.stacks.iterdir()) == []
 
-    raw = cli(tmp_path, scontrol("RUNNING"), "stacks", "--raw", "--job-dir", str(job.root),
-              str(JOB))  # fmt: skip
+    raw = cli(
+        tmp_path, scontrol("RUNNING"), "stacks", "--raw", "--job-dir", str(job.root), str(JOB)
+    )
     assert raw.exit_code == 0, raw.output
     assert [line for line in raw.stdout.splitlines() if line.startswith("===")] == [
-        "=== rank 0", "=== rank 1", "=== rank 2", "=== rank 3"
-    ]  # fmt: skip
+        "=== rank 0",
+        "=== rank 1",
+        "=== rank 2",
+        "=== rank 3",
+    ]
     assert raw.stdout.count("Process ") == 4
 
 
@@ -231,8 +250,16 @@ def test_a_node_that_does_not_answer_is_named(
 
 def test_no_answer_at_all_is_an_error(tmp_path: Path) -> None:
     job = job_folder(tmp_path, {"n1": [0, 1]})
-    result = cli(tmp_path, scontrol("RUNNING"), "stacks", "--timeout", "0.3", "--job-dir",
-                 str(job.root), str(JOB))  # fmt: skip
+    result = cli(
+        tmp_path,
+        scontrol("RUNNING"),
+        "stacks",
+        "--timeout",
+        "0.3",
+        "--job-dir",
+        str(job.root),
+        str(JOB),
+    )
     assert result.exit_code == 1
     assert result.stderr.startswith(
         f"Error: no node of job {JOB} answered in 0.3 s (asked: n1, requeue 0, step 0, "
@@ -280,8 +307,9 @@ def test_a_job_that_is_not_running_is_refused(tmp_path: Path, state: str, words:
 
 def test_a_running_job_whose_workers_have_not_started_is_refused(tmp_path: Path) -> None:
     job = job_folder(tmp_path, {"n1": [0, 1]})  # the rank lists of run 0 only
-    result = cli(tmp_path, scontrol("RUNNING", restarts="1"), "stacks", "--job-dir",
-                 str(job.root), str(JOB))  # fmt: skip
+    result = cli(
+        tmp_path, scontrol("RUNNING", restarts="1"), "stacks", "--job-dir", str(job.root), str(JOB)
+    )
     assert result.exit_code == 1
     assert "is RUNNING, but its workers have not started yet" in result.stderr
     assert "try again in a few seconds" in result.stderr

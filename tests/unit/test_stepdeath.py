@@ -67,30 +67,48 @@ def test_describe() -> None:
     ("situation", "expected"),
     [
         # a killed agent: a requeue without its node while both budgets last
-        (Situation(137, None, 0, None, 3, died=("n2",)),
-         Decision(Action.REQUEUE, Reason.AGENT_DIED, 0, ("n2",))),
-        (Situation(137, None, 0, None, 3, died=("n2",), failure_requeues=2),
-         Decision(Action.GIVE_UP, Reason.AGENT_DIED, 4, ("n2",))),
-        (Situation(137, None, 3, None, 3, died=("n2",)),
-         Decision(Action.GIVE_UP, Reason.AGENT_DIED, 4, ("n2",))),
+        (
+            Situation(137, None, 0, None, 3, died=("n2",)),
+            Decision(Action.REQUEUE, Reason.AGENT_DIED, 0, ("n2",)),
+        ),
+        (
+            Situation(137, None, 0, None, 3, died=("n2",), failure_requeues=2),
+            Decision(Action.GIVE_UP, Reason.AGENT_DIED, 4, ("n2",)),
+        ),
+        (
+            Situation(137, None, 3, None, 3, died=("n2",)),
+            Decision(Action.GIVE_UP, Reason.AGENT_DIED, 4, ("n2",)),
+        ),
         # srun killed: a requeue on the same nodes, from the same budget
-        (Situation(137, None, 0, None, 3, srun_killed=True),
-         Decision(Action.REQUEUE, Reason.AGENT_DIED, 0)),
-        (Situation(137, None, 1, None, 3, srun_killed=True, failure_requeues=2),
-         Decision(Action.GIVE_UP, Reason.AGENT_DIED, 4)),
+        (
+            Situation(137, None, 0, None, 3, srun_killed=True),
+            Decision(Action.REQUEUE, Reason.AGENT_DIED, 0),
+        ),
+        (
+            Situation(137, None, 1, None, 3, srun_killed=True, failure_requeues=2),
+            Decision(Action.GIVE_UP, Reason.AGENT_DIED, 4),
+        ),
         # the survivors' records of a lost peer (or their hang) do not hide the death
-        (Situation(137, None, 0, None, 3, Finding(Verdict.HANG, (), "timed out"), died=("n2",)),
-         Decision(Action.REQUEUE, Reason.AGENT_DIED, 0, ("n2",))),
+        (
+            Situation(137, None, 0, None, 3, Finding(Verdict.HANG, (), "timed out"), died=("n2",)),
+            Decision(Action.REQUEUE, Reason.AGENT_DIED, 0, ("n2",)),
+        ),
         # but a bug or a full shared folder ends the job as before
-        (Situation(1, None, 0, None, 3, Finding(Verdict.BUG, (), "ValueError"), died=("n2",)),
-         Decision(Action.NONE, Reason.BUG, 1)),
+        (
+            Situation(1, None, 0, None, 3, Finding(Verdict.BUG, (), "ValueError"), died=("n2",)),
+            Decision(Action.NONE, Reason.BUG, 1),
+        ),
         # a signal the supervisor forwarded ended the step: not a death
-        (Situation(137, int(signal.SIGTERM), 0, None, 3, died=("n2",)),
-         Decision(Action.NONE, Reason.CANCELLED, 137)),
-        (Situation(137, int(signal.SIGUSR1), 0, None, 3, srun_killed=True),
-         Decision(Action.REQUEUE, Reason.TIME_LIMIT, 0)),
+        (
+            Situation(137, int(signal.SIGTERM), 0, None, 3, died=("n2",)),
+            Decision(Action.NONE, Reason.CANCELLED, 137),
+        ),
+        (
+            Situation(137, int(signal.SIGUSR1), 0, None, 3, srun_killed=True),
+            Decision(Action.REQUEUE, Reason.TIME_LIMIT, 0),
+        ),
     ],
-)  # fmt: skip
+)
 def test_decide_on_a_death(situation: Situation, expected: Decision) -> None:
     assert decide(situation) == expected
 

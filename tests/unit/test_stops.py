@@ -32,7 +32,7 @@ TERM, USR1, USR2 = signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
         ([129], None),  # SIGHUP
         ([], None),
     ],
-)  # fmt: skip
+)
 def test_the_signal_that_stopped_every_agent(
     statuses: list[int], expected: signal.Signals | None
 ) -> None:

@@ -76,13 +76,20 @@ def test_the_agent_refuses_an_untested_torch_with_an_error_line(tmp_path: Path) 
     )
     (tmp_path / "train.py").write_text("")
     env = {
-        **os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT)]),
-        "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "n1", "SLURM_NODEID": "0",
-    }  # fmt: skip
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT)]),
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_NODELIST": "n1",
+        "SLURM_NODEID": "0",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "hpclaunch", "agent", "--master-addr", "127.0.0.1", "train.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("Error: torch 2.5.1 is installed"), done.stderr
     assert "Traceback" not in done.stderr and "torch>=2.13,<2.14" in done.stderr

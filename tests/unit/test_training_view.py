@@ -16,16 +16,25 @@ from hpclaunch.ops import training
 from hpclaunch.ops.follow import PROGRESS_EVERY_S, progress_due
 
 
-def note(node: str, step: int, rate: float | None, *, attempt: int = 0, idle: float = 0.1,
-         total: int | None = None, metrics: dict[str, float] | None = None,
-         job_steps: bool = True) -> NodeProgress:  # fmt: skip
+def note(
+    node: str,
+    step: int,
+    rate: float | None,
+    *,
+    attempt: int = 0,
+    idle: float = 0.1,
+    total: int | None = None,
+    metrics: dict[str, float] | None = None,
+    job_steps: bool = True,
+) -> NodeProgress:
     ranks = (RankProgress(0, step, rate, 0.3, idle, job_steps),)
     return NodeProgress(node, attempt, 100.0, ranks, total, metrics or {}, 0 if metrics else None)
 
 
 def test_the_line_has_the_step_out_of_the_total_the_rate_the_eta_and_the_metrics() -> None:
-    found = training.of_notes([note("n1", 120, 2.0, total=1000, metrics={"loss": 0.31234})],
-                              now=103.0)  # fmt: skip
+    found = training.of_notes(
+        [note("n1", 120, 2.0, total=1000, metrics={"loss": 0.31234})], now=103.0
+    )
     assert found is not None and found.eta_s == pytest.approx(440.0)
     assert training.line(found, now=103.0) == (
         "step 120 of 1000 (12 %), 2.00 steps/s, ETA 7 min 20 s; loss 0.3123 "
@@ -43,18 +52,30 @@ def test_the_line_has_the_step_out_of_the_total_the_rate_the_eta_and_the_metrics
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0.4, "0 s"), (59.6, "1 min 00 s"), (258, "4 min 18 s"), (7500, "2 h 05 min"),
-     (3 * 86400 + 4 * 3600, "3 d 04 h")],
-)  # fmt: skip
+    [
+        (0.4, "0 s"),
+        (59.6, "1 min 00 s"),
+        (258, "4 min 18 s"),
+        (7500, "2 h 05 min"),
+        (3 * 86400 + 4 * 3600, "3 d 04 h"),
+    ],
+)
 def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
     assert goodput.duration(seconds) == text
 
 
 def test_follow_prints_progress_when_it_says_something_new_never_a_flood() -> None:
-    def look(step: int, *, attempt: int = 0, rate: float | None = 2.0, idle: float = 0.1,
-             total: int | None = 100) -> training.Training:  # fmt: skip
-        found = training.of_notes([note("n1", step, rate, attempt=attempt, idle=idle,
-                                        total=total)], now=100.0)  # fmt: skip
+    def look(
+        step: int,
+        *,
+        attempt: int = 0,
+        rate: float | None = 2.0,
+        idle: float = 0.1,
+        total: int | None = 100,
+    ) -> training.Training:
+        found = training.of_notes(
+            [note("n1", step, rate, attempt=attempt, idle=idle, total=total)], now=100.0
+        )
         assert found is not None
         return found
 
@@ -69,8 +90,11 @@ def test_follow_prints_progress_when_it_says_something_new_never_a_flood() -> No
 
 
 def test_lost_work_counts_the_steps_past_the_last_checkpoint_committed_before_the_end() -> None:
-    known = [lost_work.Saved(20, 10.0, "step 19"), lost_work.Saved(40, 20.0, "step 39"),
-             lost_work.Saved(60, 50.0, "step 59")]  # fmt: skip
+    known = [
+        lost_work.Saved(20, 10.0, "step 19"),
+        lost_work.Saved(40, 20.0, "step 39"),
+        lost_work.Saved(60, 50.0, "step 59"),
+    ]
     loss = lost_work.run_loss([note("n1", 47, 2.0), note("n2", 46, 2.0)], 0, 0.0, 30.0, known)
     assert loss is not None and (loss.steps, loss.repeats) == (47, 7)
     assert loss.text() == (

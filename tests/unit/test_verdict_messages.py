@@ -26,10 +26,12 @@ HANG = Finding(Verdict.HANG, (), TIMEOUT)
 
 
 def slurm(sinfo: str) -> tuple[Slurm, FakeRunner]:
-    fake = FakeRunner({
-        "sinfo": lambda argv: CommandResult(argv, 0, sinfo),
-        "scontrol": lambda argv: CommandResult(argv, 0),
-    })  # fmt: skip
+    fake = FakeRunner(
+        {
+            "sinfo": lambda argv: CommandResult(argv, 0, sinfo),
+            "scontrol": lambda argv: CommandResult(argv, 0),
+        }
+    )
     return Slurm(fake), fake
 
 

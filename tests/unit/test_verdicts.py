@@ -53,8 +53,14 @@ PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:3344."
 
 
 def rec(node: str, attempt: int, *workers: tuple[int, int, str]) -> NodeRecord:
-    return NodeRecord(node, int(node[1:]) - 1, 0, attempt, float(attempt),
-                      tuple(WorkerFailure(*w) for w in workers))  # fmt: skip
+    return NodeRecord(
+        node,
+        int(node[1:]) - 1,
+        0,
+        attempt,
+        float(attempt),
+        tuple(WorkerFailure(*w) for w in workers),
+    )
 
 
 @pytest.mark.parametrize(
@@ -70,17 +76,21 @@ def rec(node: str, attempt: int, *workers: tuple[int, int, str]) -> NodeRecord:
         ("bad tensor at 0x7f3a9c001e40", "bad tensor at 0x55d2b10a3f00"),
         ("at 2026-11-24T17:25:49.509Z: boom", "at 2026-12-01 08:01:02: boom"),
         ("I1124 17:25:49.509000 boom", "I1124 09:03:11.000417 boom"),
-        (".step-4.tmp-93a27944_6e3b_4878_aa2b_4aafee54a7b9",
-         ".step-4.tmp-0c9f1d2e-aaaa-4bbb-8ccc-0123456789ab"),
+        (
+            ".step-4.tmp-93a27944_6e3b_4878_aa2b_4aafee54a7b9",
+            ".step-4.tmp-0c9f1d2e-aaaa-4bbb-8ccc-0123456789ab",
+        ),
         ("Timed out waiting 30000ms", "Timed out waiting 1800000ms"),
         ("no answer in 30 s (PID: 17)", "no answer in 2.5 s (PID: 9120)"),
-        ("OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600005 milliseconds",
-         "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800017 milliseconds"),
+        (
+            "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600005 milliseconds",
+            "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800017 milliseconds",
+        ),
         ("listening on port=29500 failed", "listening on port=31877 failed"),
         # blanks
         ("a  b\tc ", "a b c"),
     ],
-)  # fmt: skip
+)
 def test_what_varies_run_to_run_is_not_the_error(one: str, other: str) -> None:
     assert normalise(one) == normalise(other)
     assert same_error(one, ["something else", other])
@@ -99,7 +109,7 @@ def test_what_varies_run_to_run_is_not_the_error(one: str, other: str) -> None:
         ("ValueError: bad value at step 3", "ValueError: bad value at step 11"),
         ("rank 3 lost its input", "rank 5 lost its input"),
     ],
-)  # fmt: skip
+)
 def test_different_errors_stay_different(one: str, other: str) -> None:
     assert normalise(one) != normalise(other)
     assert not same_error(one, [other])
@@ -140,23 +150,39 @@ def test_a_shared_folder_is_found_by_its_real_path(tmp_path: Path) -> None:
     ("records", "expected"),
     [
         # the rank 0 that saves is on n1; n2's ranks learn of it: the storage, no node
-        ([rec("n1", 0, (0, 1, FULL_RANK0), (1, -15, PEER)), rec("n2", 0, (2, 1, FULL_OTHERS))],
-         Finding(Verdict.STORAGE, (), FULL_RANK0,
-                 StorageFault(SHARED[0], StorageErrno.ENOSPC), ("n1", "n2"))),
+        (
+            [rec("n1", 0, (0, 1, FULL_RANK0), (1, -15, PEER)), rec("n2", 0, (2, 1, FULL_OTHERS))],
+            Finding(
+                Verdict.STORAGE,
+                (),
+                FULL_RANK0,
+                StorageFault(SHARED[0], StorageErrno.ENOSPC),
+                ("n1", "n2"),
+            ),
+        ),
         # only rank 0's node wrote a record (its own errors only): still no node to blame
-        ([rec("n1", 0, (0, 1, READ_ONLY)), rec("n1", 1, (0, 1, READ_ONLY))],
-         Finding(Verdict.STORAGE, (), READ_ONLY, StorageFault(SHARED[0], StorageErrno.EROFS),
-                 ("n1",))),
+        (
+            [rec("n1", 0, (0, 1, READ_ONLY)), rec("n1", 1, (0, 1, READ_ONLY))],
+            Finding(
+                Verdict.STORAGE, (), READ_ONLY, StorageFault(SHARED[0], StorageErrno.EROFS), ("n1",)
+            ),
+        ),
         # every failed rank timed out waiting: a hang, not a bug
-        ([rec("n1", 0, (0, 1, TIMEOUT), (1, 1, TIMEOUT)), rec("n2", 0, (3, 1, TIMEOUT))],
-         Finding(Verdict.HANG, (), TIMEOUT)),
-        ([rec("n1", 0, (0, 1, TIMEOUT)), rec("n2", 0, (2, -15, "x"), (3, 1, TIMEOUT))],
-         Finding(Verdict.HANG, (), TIMEOUT)),
+        (
+            [rec("n1", 0, (0, 1, TIMEOUT), (1, 1, TIMEOUT)), rec("n2", 0, (3, 1, TIMEOUT))],
+            Finding(Verdict.HANG, (), TIMEOUT),
+        ),
+        (
+            [rec("n1", 0, (0, 1, TIMEOUT)), rec("n2", 0, (2, -15, "x"), (3, 1, TIMEOUT))],
+            Finding(Verdict.HANG, (), TIMEOUT),
+        ),
         # a node with an error of its own, and ranks elsewhere that timed out waiting for it
-        ([rec("n1", 0, (0, 1, TIMEOUT)), rec("n2", 0, (2, 1, "CUDA error: ECC"))],
-         Finding(Verdict.BAD_NODES, ("n2",), "CUDA error: ECC")),
+        (
+            [rec("n1", 0, (0, 1, TIMEOUT)), rec("n2", 0, (2, 1, "CUDA error: ECC"))],
+            Finding(Verdict.BAD_NODES, ("n2",), "CUDA error: ECC"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_classify_storage_and_hangs(records: list[NodeRecord], expected: Finding) -> None:
     assert classify(records, ["n1", "n2"], SHARED) == expected
 
@@ -203,8 +229,14 @@ def test_the_messages_name_the_folder_the_error_and_the_fix() -> None:
     fault = StorageFault(SHARED[0], StorageErrno.ENOSPC)
     message = verdicts.explain(Finding(Verdict.STORAGE, (), FULL_RANK0, fault), 41, None)
     assert message is not None
-    for part in (f"checkpoint folder {CKPT}", "No space left on device", "free space",
-                 "No node is kept out", "scontrol requeue 41", "--checkpoint-dir"):  # fmt: skip
+    for part in (
+        f"checkpoint folder {CKPT}",
+        "No space left on device",
+        "free space",
+        "No node is kept out",
+        "scontrol requeue 41",
+        "--checkpoint-dir",
+    ):
         assert part in message, part
     fault = StorageFault(SHARED[1], StorageErrno.EROFS)
     message = verdicts.storage_message(fault, 41)

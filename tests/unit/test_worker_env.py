@@ -15,9 +15,14 @@ from hpclaunch.slurm.env import NodeContext
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "agent.md"
 CTX = NodeContext(
-    job_id=66, node_rank=1, hosts=("n1", "n2"), restart_count=2, nproc_per_node=2,
-    nproc_source="--nproc-per-node", master_port=15066,
-)  # fmt: skip
+    job_id=66,
+    node_rank=1,
+    hosts=("n1", "n2"),
+    restart_count=2,
+    nproc_per_node=2,
+    nproc_source="--nproc-per-node",
+    master_port=15066,
+)
 
 
 def _documented() -> set[str]:
@@ -51,11 +56,23 @@ def test_the_script_exports_the_variables_it_sets() -> None:
 
 
 def test_a_worker_sees_slurm_task_variables_of_its_own() -> None:
-    agent = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
-             "SLURM_NODEID": "1", "SLURM_GTIDS": "1"}  # fmt: skip
-    view = worker_env.slurm_task_view(agent, rank=3, local_rank=1, world_size=4,
-                                      local_world_size=2, node_rank=1, nodes=2,
-                                      node_ranks=[2, 3])  # fmt: skip
+    agent = {
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_GTIDS": "1",
+    }
+    view = worker_env.slurm_task_view(
+        agent,
+        rank=3,
+        local_rank=1,
+        world_size=4,
+        local_world_size=2,
+        node_rank=1,
+        nodes=2,
+        node_ranks=[2, 3],
+    )
     assert view["SLURM_PROCID"] == "3" and view["SLURM_LOCALID"] == "1"
     assert view["SLURM_NTASKS"] == view["SLURM_NPROCS"] == view["SLURM_STEP_NUM_TASKS"] == "4"
     assert view["SLURM_NTASKS_PER_NODE"] == "2" and view["SLURM_TASKS_PER_NODE"] == "2(x2)"
@@ -68,9 +85,16 @@ def test_a_worker_sees_slurm_task_variables_of_its_own() -> None:
 
 
 def test_outside_a_slurm_task_nothing_is_added() -> None:
-    view = worker_env.slurm_task_view({}, rank=0, local_rank=0, world_size=1,
-                                      local_world_size=1, node_rank=0, nodes=1,
-                                      node_ranks=[0])  # fmt: skip
+    view = worker_env.slurm_task_view(
+        {},
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        nodes=1,
+        node_ranks=[0],
+    )
     assert view == {}
 
 

@@ -139,8 +139,11 @@ def _reset_interpreter(env: Mapping[str, str]) -> None:
 # OpenBLAS reads these at load time, the first one set wins; else one per usable CPU.
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 # Its thread setter, as numpy's wheels (scipy-openblas, 64-bit ints) and plain builds name it.
-BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                "openblas_set_num_threads")  # fmt: skip
+BLAS_SETTERS = (
+    "scipy_openblas_set_num_threads64_",
+    "openblas_set_num_threads64_",
+    "openblas_set_num_threads",
+)
 
 
 def _blas_threads(env: Mapping[str, str]) -> int:

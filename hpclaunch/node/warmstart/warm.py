@@ -89,9 +89,11 @@ class WarmContext(PContext):
             done.add(local_rank)
             if code != 0:
                 self._failures[local_rank] = ProcessFailure(
-                    local_rank=local_rank, pid=self._pids[local_rank], exitcode=code,
+                    local_rank=local_rank,
+                    pid=self._pids[local_rank],
+                    exitcode=code,
                     error_file=self.error_files[local_rank],
-                )  # fmt: skip
+                )
 
     def _poll(self) -> RunProcsResult | None:
         done: set[int] = set()
@@ -106,8 +108,11 @@ class WarmContext(PContext):
             first = min(result.failures.values(), key=lambda f: f.timestamp)
             log.error(
                 "failed (exitcode: %s) local_rank: %s (pid: %s) of %s",
-                first.exitcode, first.local_rank, first.pid, self.entrypoint,
-            )  # fmt: skip
+                first.exitcode,
+                first.local_rank,
+                first.pid,
+                self.entrypoint,
+            )
         else:
             result.return_values = dict.fromkeys(range(self.nprocs))
         return result
@@ -173,17 +178,26 @@ class WarmStart:
         self._grace_s = grace_s
 
     def __call__(
-        self, name: str, entrypoint: Any, args: dict[int, tuple[Any, ...]],
-        envs: dict[int, dict[str, str]], logs_specs: Any, **kwargs: Any,
-    ) -> PContext:  # fmt: skip
+        self,
+        name: str,
+        entrypoint: Any,
+        args: dict[int, tuple[Any, ...]],
+        envs: dict[int, dict[str, str]],
+        logs_specs: Any,
+        **kwargs: Any,
+    ) -> PContext:
         """A started process context for the workers. Raises SignalException when a
         stop signal came while they were being started (they are stopped)."""
 
         def by_torch(entrypoint: Any, args: dict[int, tuple[Any, ...]]) -> PContext:
             context: PContext = torch_start_processes(
-                name=name, entrypoint=entrypoint, args=args, envs=envs,
-                logs_specs=logs_specs, **kwargs,
-            )  # fmt: skip
+                name=name,
+                entrypoint=entrypoint,
+                args=args,
+                envs=envs,
+                logs_specs=logs_specs,
+                **kwargs,
+            )
             return context
 
         zygote = self._zygote
@@ -195,11 +209,16 @@ class WarmStart:
         mp_api._validate_full_rank(args, len(args), "args")
         mp_api._validate_full_rank(envs, len(args), "envs")
         context = WarmContext(
-            zygote, name=name, entrypoint=entrypoint, args=args, envs=envs,
-            logs_specs=logs_specs, log_line_prefixes=kwargs.get("log_line_prefixes"),
+            zygote,
+            name=name,
+            entrypoint=entrypoint,
+            args=args,
+            envs=envs,
+            logs_specs=logs_specs,
+            log_line_prefixes=kwargs.get("log_line_prefixes"),
             duplicate_stdout_filters=kwargs.get("duplicate_stdout_filters"),
             duplicate_stderr_filters=kwargs.get("duplicate_stderr_filters"),
-        )  # fmt: skip
+        )
         try:
             context.start()
         except SignalException as exc:  # torch's agent would stop them so: pass it on

@@ -45,9 +45,15 @@ log = logging.getLogger(__name__)
 # The signals SLURM and the agent use on a job step. The zygote ignores them (it ends
 # when the agent does); workers get them back as a fresh interpreter would have them.
 STEP_SIGNALS = (
-    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-    signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP,
-)  # fmt: skip
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+    signal.SIGTSTP,
+)
 
 
 # How long the agent waits for the zygote to answer a request before it gives up on
@@ -326,9 +332,12 @@ def _serve(conn: Connection, dispositions: dict[int, Any]) -> None:
 
 
 def _fork_worker(
-    conn: Connection, start: ForkRequest, me: int, dispositions: dict[int, Any],
+    conn: Connection,
+    start: ForkRequest,
+    me: int,
+    dispositions: dict[int, Any],
     wake: tuple[int, int],
-) -> int:  # fmt: skip
+) -> int:
     """Fork a worker; its pid once it leads its own session (the agent signals that
     group), or 0 when the fork failed (the agent is told)."""
     try:

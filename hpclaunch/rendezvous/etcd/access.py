@@ -53,8 +53,10 @@ class Access:
                 f"or set ${PASSWORD_VAR}"
             )
         for option, path in (
-            ("--etcd-cacert", self.cacert), ("--etcd-cert", self.cert), ("--etcd-key", self.key)
-        ):  # fmt: skip
+            ("--etcd-cacert", self.cacert),
+            ("--etcd-cert", self.cert),
+            ("--etcd-key", self.key),
+        ):
             if path is not None and not Path(path).expanduser().is_file():
                 raise EtcdError(f"{option} {path!r} is not a readable file on this node")
 

@@ -320,14 +320,18 @@ class KeyWatch:
     def _stream(self, start: int) -> None:
         client = self._etcd._client
         create: dict[str, Any] = {
-            "key": _b64(self._key), "start_revision": start, "progress_notify": True,
-        }  # fmt: skip
+            "key": _b64(self._key),
+            "start_revision": start,
+            "progress_notify": True,
+        }
         if self._range_end is not None:
             create["range_end"] = _b64(self._range_end)
         response = client.session.post(
-            client.get_url("/watch"), json={"create_request": create}, stream=True,
+            client.get_url("/watch"),
+            json={"create_request": create},
+            stream=True,
             timeout=(self._etcd.access.timeout_s, None),
-        )  # fmt: skip
+        )
         self._response = response
         with response:
             if response.status_code != 200:

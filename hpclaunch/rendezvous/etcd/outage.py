@@ -31,9 +31,13 @@ FIRST_DELAY_S = 0.1
 MAX_DELAY_S = 2.0
 # What etcd says while it has no leader, or is electing one (the gateway's 503/500 body).
 _UNAVAILABLE_MARKERS = (
-    "leader changed", "no leader", "request timed out", "too many requests",
-    "server is stopping", "not capable",
-)  # fmt: skip
+    "leader changed",
+    "no leader",
+    "request timed out",
+    "too many requests",
+    "server is stopping",
+    "not capable",
+)
 
 
 class EtcdUnavailable(EtcdError):
@@ -102,8 +106,11 @@ class Outage:
                 self._down_since = now
                 log.warning(
                     "etcd at %s is unreachable (%s); waiting up to %g s for it to come back "
-                    "(--etcd-outage-timeout)", self.endpoint, self._detail(exc), self.timeout_s,
-                )  # fmt: skip
+                    "(--etcd-outage-timeout)",
+                    self.endpoint,
+                    self._detail(exc),
+                    self.timeout_s,
+                )
             return now - self._down_since
 
     def _detail(self, exc: EtcdError) -> str:

@@ -102,6 +102,10 @@ def client_for(access: Access, endpoint: str) -> Any:
     if access.cert is not None and access.key is not None:
         session.cert = (access.cert, access.key)
     return etcd3gw.Etcd3Client(
-        host=host, port=int(port), protocol=protocol, timeout=access.timeout_s,
-        api_path="/v3/", session=session,
-    )  # fmt: skip
+        host=host,
+        port=int(port),
+        protocol=protocol,
+        timeout=access.timeout_s,
+        api_path="/v3/",
+        session=session,
+    )

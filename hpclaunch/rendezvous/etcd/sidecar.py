@@ -60,13 +60,25 @@ def server_argv(binary: str, name: str, ip: str, port: int, data_dir: Path) -> l
     host = f"[{ip}]" if ":" in ip else ip
     client = f"http://{host}:{port}"
     return [
-        binary, "--name", name, "--data-dir", str(data_dir),
-        "--listen-client-urls", client, "--advertise-client-urls", client,
-        "--listen-peer-urls", "http://127.0.0.1:0",
-        "--initial-advertise-peer-urls", "http://127.0.0.1:0",
-        "--initial-cluster", f"{name}=http://127.0.0.1:0",
-        "--initial-cluster-state", "new", *ELECTION,
-    ]  # fmt: skip
+        binary,
+        "--name",
+        name,
+        "--data-dir",
+        str(data_dir),
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        "http://127.0.0.1:0",
+        "--initial-advertise-peer-urls",
+        "http://127.0.0.1:0",
+        "--initial-cluster",
+        f"{name}=http://127.0.0.1:0",
+        "--initial-cluster-state",
+        "new",
+        *ELECTION,
+    ]
 
 
 def member_at(ip: str, port: int) -> str | None:
@@ -93,9 +105,14 @@ class Sidecar:
 
     @classmethod
     def start(
-        cls, binary: str | None, name: str, ip: str, ports: list[int],
-        guard: list[str] | None = None, timeout_s: float = START_TIMEOUT_S,
-    ) -> Sidecar:  # fmt: skip
+        cls,
+        binary: str | None,
+        name: str,
+        ip: str,
+        ports: list[int],
+        guard: list[str] | None = None,
+        timeout_s: float = START_TIMEOUT_S,
+    ) -> Sidecar:
         """Start etcd on the first free port of ``ports``; wait until it answers
         with ``name``. ``guard`` goes before the command (setpriv --pdeathsig)."""
         path = binary or shutil.which("etcd")
@@ -114,9 +131,11 @@ class Sidecar:
             with logfile.open("wb") as out:
                 proc = subprocess.Popen(
                     [*(guard or []), *server_argv(path, name, ip, port, data_dir / "data")],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                     start_new_session=True,
-                )  # fmt: skip
+                )
             sidecar = cls(proc, data_dir, f"{ip}:{port}")
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None and time.monotonic() < deadline:
