@@ -23,13 +23,16 @@ from hpclaunch.jobdir.layout import JobFolder
 BEGIN = "begin"
 FIRST = "first"
 END = "end"
+# A sample of the node's progress (its lowest rank's step and when it was done), one per
+# progress note: when the run passed a step, for the lost part of the goodput.
+STEP = "step"
 
 
 @dataclass(frozen=True)
 class AttemptEvent:
     node: str
     attempt: int
-    event: str  # BEGIN, FIRST or END
+    event: str  # BEGIN, FIRST, STEP or END
     time: float  # wall clock: the start, the first step, or the group's end
     step: int | None = None  # FIRST: the first step; END: the last (the node's lowest rank's)
     step_time: float | None = None  # END: when the last step was done (wall clock)
@@ -66,6 +69,6 @@ def parse(lines: Iterable[str]) -> list[AttemptEvent]:
             event = AttemptEvent(**json.loads(line))
         except (ValueError, TypeError):
             continue
-        if event.event in (BEGIN, FIRST, END):
+        if event.event in (BEGIN, FIRST, STEP, END):
             out.append(event)
     return out

@@ -218,6 +218,13 @@ def hang_block(report: HangReport) -> str:
     return "\n".join(lines)
 
 
+# How a worker saw the step it resumed from: hpclaunch.checkpoint.load_latest, the
+# optimizer's own step count in the state the script restored (Adam and its family), the
+# script's own step numbers (progress.beat(step=...)), a framework's callback
+# (hpclaunch.frameworks.lightning.StopCheckpoint).
+RESUMED_BY = ("checkpoint", "optimizer", "script", "lightning")
+
+
 @dataclass(frozen=True)
 class RankProgress:
     rank: int
@@ -226,6 +233,10 @@ class RankProgress:
     slowest_s: float  # the longest time between two of its steps
     idle_s: float  # since its last step, when the note was written
     job_steps: bool = False  # step counts on from the checkpoint it resumed (or is its own)
+    # The steps done before this attempt's first step, in the job's count, when the worker
+    # saw where it resumed, and how it saw it (one of RESUMED_BY); None: not seen.
+    resumed: int | None = None
+    resumed_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ class SaveRecord:
     bytes: int
     ranks: int
     ended: float  # seconds since the epoch
+    # The steps done that it holds, in the job's count (hpclaunch.progress); None: the
+    # saving rank's count was not the job's (its resume point unseen), or it counted none.
+    steps_done: int | None = None
 
     def describe(self) -> str:
         """As ``hpclaunch status`` says it: ``step 42: 1.2 GiB sharded by 4 ranks,
