@@ -8,7 +8,8 @@ checkpoint saves and a hang report, then alternates ``--rounds`` times:
 
 - ``scontrol show job JOBID`` (the anchor: what any status costs at least),
 - ``hpclaunch status --job-dir FOLDER JOBID`` (scontrol, the job folder, the goodput),
-- ``hpclaunch.jobdir.goodput.of_folder`` in this process (the goodput alone).
+- ``JobRecord.read`` then ``hpclaunch.record.goodput.of_record`` in this process (the
+  job folder read once, and the goodput worked out of it).
 
     .venv/bin/python bench/status_cost.py [--rounds 15] [--dir DIR]
 """
@@ -25,8 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpclaunch.jobdir import attempts, goodput, hangs, saves
+from hpclaunch.jobdir import attempts, progress_notes, saves
 from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.record import goodput
+from hpclaunch.record.job_record import JobRecord
 from hpclaunch.sandbox.cluster import Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH
@@ -67,8 +70,9 @@ def job_folder(folder: Path, job_id: int, t0: float) -> None:
                     attempts.AttemptEvent(node, attempt, attempts.END, at + 130, 500, at + 125),
                 ):
                     attempts.append(job, requeue, event)
-            ranks = (hangs.RankProgress(0, 500, 4.0, 0.3, 5.0),)
-            hangs.write_progress(job, requeue, hangs.NodeProgress(node, 1, ended, ranks))
+            ranks = (progress_notes.RankProgress(0, 500, 4.0, 0.3, 5.0),)
+            note = progress_notes.NodeProgress(node, 1, ended, ranks)
+            progress_notes.write(job, requeue, note)
     (folder / "history.json").write_text(
         json.dumps({"job_id": job_id, "max_requeues": 3, "runs": runs})
     )
@@ -122,7 +126,7 @@ def main() -> None:
                 )
             )
             start = time.perf_counter()
-            goodput.of_folder(folder, job_id, None, time.time(), final=False)
+            goodput.of_record(JobRecord.read(folder, job_id), None, time.time(), final=False)
             split.append(time.perf_counter() - start)
         subprocess.run(["scancel", str(job_id)], env=env, check=False)
     finally:
@@ -131,7 +135,7 @@ def main() -> None:
     for name, values in (
         ("scontrol show job (anchor)", anchor),
         ("hpclaunch status", status),
-        ("goodput.of_folder", split),
+        ("JobRecord.read + goodput", split),
     ):
         low, mid, high = min(values), statistics.median(values), max(values)
         print(f"  {name:<28} {mid * 1000:8.1f} ms ({low * 1000:.1f}-{high * 1000:.1f})")

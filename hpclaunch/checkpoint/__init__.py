@@ -47,7 +47,6 @@ from hpclaunch.checkpoint.loading import CheckpointMismatch, Loaded, load_latest
 from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, stop_received
 from hpclaunch.checkpoint.saving import in_flight, save, wait
 from hpclaunch.checkpoint.store import (
-    DAMAGED_SUFFIX,
     DEFAULT_KEEP_LAST,
     ENV_VAR,
     MAX_STEP,
@@ -60,6 +59,7 @@ from hpclaunch.checkpoint.store import (
     prune,
 )
 from hpclaunch.jobdir.atomic import write_atomic
+from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX
 
 __all__ = [
     "DAMAGED_SUFFIX",

@@ -20,6 +20,7 @@ from hpclaunch import progress
 from hpclaunch.checkpoint import local, saving, store
 from hpclaunch.checkpoint.group import Ranks
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
+from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX
 
 _SHARDED_HELP = (
     "build it as torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) "
@@ -109,11 +110,11 @@ def _refuse_none_left(root: Path, failed: list[tuple[Checkpoint, str]]) -> None:
             "none loads: when the script changed (the state given to into=, weights_only), "
             "fix it; when they are damaged, move them out of the folder"
         )
-    aside = sorted(p.name for p in root.glob(f"step-*{store.DAMAGED_SUFFIX}"))
+    aside = sorted(p.name for p in root.glob(f"step-*{DAMAGED_SUFFIX}"))
     if aside:
         raise CheckpointError(
             f"{root} holds no committed checkpoint, only ones set aside as damaged: "
-            f"{', '.join(aside)}; rename one back (without {store.DAMAGED_SUFFIX}) to "
+            f"{', '.join(aside)}; rename one back (without {DAMAGED_SUFFIX}) to "
             "resume from it, or move them away to start from step 0"
         )
 

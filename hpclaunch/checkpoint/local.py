@@ -23,6 +23,7 @@ from typing import Any
 from hpclaunch.checkpoint import store
 from hpclaunch.checkpoint.group import Ranks, attempt_tag
 from hpclaunch.checkpoint.store import CheckpointError
+from hpclaunch.jobdir.checkpoint_folder import METADATA
 from hpclaunch.node import worker_env
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def keep(state: dict[str, Any], folder: Path, step: int, keep_last: int) -> None
 def available(step: int, ranks: Ranks) -> bool:
     """Whether every rank has its local copy of ``step`` (a collective)."""
     try:
-        mine = (store.path_for(root(ranks), step, sharded=True) / store.METADATA).is_file()
+        mine = (store.path_for(root(ranks), step, sharded=True) / METADATA).is_file()
     except CheckpointError:
         mine = False
     return ranks.first_true(not mine) is None

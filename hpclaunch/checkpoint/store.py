@@ -1,19 +1,6 @@
-"""The checkpoint folder: which checkpoints in it are committed, and the names a
-save and a damaged checkpoint go by. No torch: ``hpclaunch status`` reads it on
-the login node.
-
-A folder holds two forms, side by side::
-
-    step-000000000042.pt          one file: global rank 0's state (replicated, DDP)
-    step-000000000042/            one folder: every rank's shards (torch's distributed
-        .metadata                 checkpoint), committed as a whole
-        __0_0.distcp ...
-    .step-000000000043.tmp-TAG[/] a save in progress, or one killed mid-write
-    step-000000000041.damaged[/]  a committed checkpoint that failed to load
-
-Only the first two count: a name without the leading dot appears in one rename,
-after everything under it is durable.
-"""
+"""The checkpoint folder for the workers: the folder itself, the names a save goes by
+(hpclaunch.jobdir.checkpoint_folder has the layout), pruning and setting aside. No
+torch: ``hpclaunch status`` reads the names on the login node."""
 
 from __future__ import annotations
 
@@ -24,19 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX, TEMP, scan
 from hpclaunch.node import worker_env
 
 ENV_VAR = worker_env.CHECKPOINT_DIR
 DEFAULT_KEEP_LAST = 2
 MAX_STEP = 10**12 - 1  # names hold 12 digits
-METADATA = ".metadata"  # what torch's distributed checkpoint writes last
-_NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
-_TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.(tmp|deleting)-[\w.-]+$")
-DAMAGED_SUFFIX = ".damaged"
-# Lightning's checkpoints, as hpclaunch.frameworks.lightning commits them (by rename)
-# into this subfolder of the checkpoint folder: step-<global step, 12 digits>.ckpt.
-LIGHTNING_FOLDER = "lightning"
-LIGHTNING_NAME = re.compile(r"^step-(\d{12})\.ckpt$")
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b.*")
 
 
@@ -106,31 +86,14 @@ def temp_for(final: Path, tag: str) -> Path:
 
 def complete(folder: str | os.PathLike[str]) -> list[Checkpoint]:
     """The committed checkpoints in ``folder``, oldest first. A step saved in both
-    forms counts once, as its sharded form."""
-    found: dict[int, Checkpoint] = {}
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        match = _NAME.match(entry.name)
-        if not match:
-            continue
-        single = match.group(2) is not None
-        if single and entry.is_file():
-            found.setdefault(int(match.group(1)), Checkpoint(int(match.group(1)), Path(entry.path)))
-        elif not single and entry.is_dir() and os.path.isfile(os.path.join(entry.path, METADATA)):
-            found[int(match.group(1))] = Checkpoint(int(match.group(1)), Path(entry.path))
-    return sorted(found.values())
+    forms counts once, as its sharded form. Raises OSError (a folder that exists but
+    cannot be listed)."""
+    return [Checkpoint(c.step, c.path) for c in scan(folder, times=False).committed]
 
 
 def lightning_steps(folder: str | os.PathLike[str]) -> list[int]:
     """The global steps of the Lightning checkpoints committed under ``folder``."""
-    try:
-        names = os.listdir(os.path.join(folder, LIGHTNING_FOLDER))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(int(m.group(1)) for m in map(LIGHTNING_NAME.match, names) if m)
+    return [c.step for c in scan(folder, times=False).lightning]
 
 
 def latest(folder: str | os.PathLike[str] | None = None) -> Checkpoint | None:
@@ -166,7 +129,7 @@ def prune(folder: Path, keep_last: int) -> list[Path]:
         going = path.with_name(f".{path.name}.deleting-{os.getpid()}")
         os.replace(path, going)
         remove(going)
-    leftovers = [Path(e.path) for e in os.scandir(folder) if _TEMP.match(e.name)]
+    leftovers = [Path(e.path) for e in os.scandir(folder) if TEMP.match(e.name)]
     for path in leftovers:
         remove(path)
     return old + leftovers

@@ -56,7 +56,7 @@ def render_status(status: JobStatus) -> str:
     for restart in status.restarts:
         lines.append(f"  restart:         {restart}")
     for loss in status.lost_work:
-        lines.append(f"  lost work:       {loss.text()}")
+        lines.append(f"  lost work:       {loss.text}")
     if status.goodput is not None:
         lines.append(f"  goodput:         {status.goodput.line()}")
     for hang in status.hangs:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
@@ -10,9 +9,7 @@ import click
 from hpclaunch.cli.context import CliContext, fail
 from hpclaunch.cli.jobs import _job_dir_option, _job_id
 from hpclaunch.errors import HpclaunchError
-from hpclaunch.jobdir import goodput
-from hpclaunch.jobdir.history import HistoryError
-from hpclaunch.ops import registry, report
+from hpclaunch.ops import report
 from hpclaunch.ops.status import find
 
 
@@ -36,20 +33,12 @@ def report_command(obj: CliContext, job_id: str, job_dir: Path | None, output: P
         if output is not None:
             report.check_output(output)
         status = find(number, obj.slurm, obj.env, job_dir)
-        entry = registry.find(obj.env, number)
-        found = None
-        if status.job_dir is not None:
-            submitted = entry.submitted if entry is not None else None
-            found = goodput.of_folder(
-                Path(status.job_dir), number, submitted, time.time(), status.ended
-            )
+        found = status.timeline
         click.echo(report.text(status, found))
         if output is not None:
             if found is None:
                 raise report.ReportError(f"job {number} has no run yet: no timeline to draw")
             report.draw(found, output, f"job {number}")
             click.echo(f"timeline: {output}")
-    except HistoryError as exc:
-        fail(exc)
     except HpclaunchError as exc:
         fail(exc)

@@ -320,7 +320,8 @@ def resolve_job(
     ``script`` (config show), a placeholder stands in and no file is looked for.
     Raises SpecError or ConfigError."""
     from hpclaunch.job.profiles import Entry, load_profile, resolve
-    from hpclaunch.job.values import folder_pattern, has_wildcard
+    from hpclaunch.job.values import folder_pattern
+    from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
     flags["sbatch_options"] = with_dependency(flags)
     if flags["template"] is not None:

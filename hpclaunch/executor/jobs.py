@@ -134,7 +134,11 @@ class _HpclaunchLogs:
 
     def root_cause(self) -> str | None:
         """The root-cause block of the job's last failed run, if any."""
-        return jobstatus.root_cause(self.job_dir)
+        from hpclaunch.record.job_record import JobRecord
+
+        number = self.slurm_job_id
+        job_id = int(number) if number.isdigit() else 0  # only names the job in messages
+        return jobstatus.root_cause(JobRecord.read(self.job_dir, job_id))
 
     def exception(self) -> UncompletedJobError | FailedJobError | None:
         """submitit's, pointing at hpclaunch's logs rather than submitit's."""

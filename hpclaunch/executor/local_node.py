@@ -29,6 +29,7 @@ from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.job.rendezvous import C10dRdzv
 from hpclaunch.job.spec import EntryKind
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
+from hpclaunch.record.job_record import read_run
 from hpclaunch.slurm.env import NodeContext, derive_port
 
 LOOPBACK = "127.0.0.1"
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             "time limit reached with no requeue left (max_requeues=%d); no result",
             settings.max_requeues,
         )
-    for block in job.root_causes(requeue):
-        sys.stderr.write(block.read_text(errors="replace"))
+    for _, block in read_run(job.root, requeue).root_causes:
+        sys.stderr.write(block)
     settings_path.unlink(missing_ok=True)  # the job is over: no further run reads it
     return status
 

@@ -55,8 +55,9 @@ from hpclaunch import progress
 from hpclaunch.checkpoint import store
 from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, device
 from hpclaunch.jobdir.atomic import fsync_folder
+from hpclaunch.jobdir.checkpoint_folder import LIGHTNING_FOLDER, LIGHTNING_NAME
 
-SUBFOLDER = store.LIGHTNING_FOLDER  # of the job's checkpoint folder
+SUBFOLDER = LIGHTNING_FOLDER  # of the job's checkpoint folder
 
 
 def trainer_args(env: dict[str, str] | None = None) -> dict[str, int]:
@@ -90,7 +91,7 @@ def folder(dirpath: str | os.PathLike[str] | None = None) -> Path:
 def committed(dirpath: str | os.PathLike[str] | None = None) -> list[tuple[int, Path]]:
     """The committed checkpoints in the callback's folder: (global step, path), oldest first."""
     root = folder(dirpath)
-    matches = map(store.LIGHTNING_NAME.match, os.listdir(root))
+    matches = map(LIGHTNING_NAME.match, os.listdir(root))
     return sorted((int(m.group(1)), root / m.group(0)) for m in matches if m)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from hpclaunch.errors import SpecError
+from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
 _DIGITS = re.compile(r"[0-9]+\Z")
 _SIGNED = re.compile(r"-?[0-9]+\Z")
@@ -190,14 +191,6 @@ def parse_endpoints(text: str) -> tuple[str, ...]:
             "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
         )
     return endpoints
-
-
-_WILDCARD = re.compile(r"[*?[]")
-
-
-def has_wildcard(pattern: str) -> bool:
-    """Whether ``pattern`` is a glob (``*``, ``?`` or ``[``) rather than one path."""
-    return _WILDCARD.search(pattern) is not None
 
 
 def check_checkpoint_pattern(pattern: str) -> None:

@@ -1,13 +1,15 @@
-"""When each attempt of the worker group began, stepped first and ended, per node: what
-the goodput split (hpclaunch.jobdir.goodput) needs that the progress notes do not keep
+"""When each attempt of the worker group began, stepped first, stepped on and ended, per
+node: what the goodput split and the lost work need that the progress notes do not keep
 (``progress/requeue-Q/node-HOST.json`` holds only the latest attempt). No torch.
 
     progress/requeue-Q/attempts-node-HOST.jsonl    one line per event (``AttemptEvent``)
 
 A node's hang watch (hpclaunch.node.hangs) appends a line when an attempt's workers
 are about to start (``begin``), when it first sees one of their steps (``first``: the
-wall time and step of the node's first step), and when the group ends (``end``: the
-time, and the node's last step and its time). A node that is lost writes no ``end``.
+wall time and step of the node's first step, and the step the attempt resumed from when a
+worker saw it), at each progress note (``step``: the node's lowest step and when it was
+done), and when the group ends (``end``: the time, and the node's last step and its
+time). A node that is lost writes no ``end``. ``hpclaunch.record`` reads the log.
 """
 
 from __future__ import annotations
@@ -17,29 +19,42 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpclaunch.jobdir import typed
 from hpclaunch.jobdir.atomic import append_line
 from hpclaunch.jobdir.layout import JobFolder
 
 BEGIN = "begin"
 FIRST = "first"
-END = "end"
 # A sample of the node's progress (its lowest rank's step and when it was done), one per
 # progress note: when the run passed a step, for the lost part of the goodput.
 STEP = "step"
+END = "end"
+EVENTS = (BEGIN, FIRST, STEP, END)
+PREFIX, SUFFIX = "attempts-node-", ".jsonl"
 
 
 @dataclass(frozen=True)
 class AttemptEvent:
     node: str
     attempt: int
-    event: str  # BEGIN, FIRST, STEP or END
-    time: float  # wall clock: the start, the first step, or the group's end
-    step: int | None = None  # FIRST: the first step; END: the last (the node's lowest rank's)
+    event: str  # one of EVENTS
+    time: float  # wall clock: the start, the first step, a step, or the group's end
+    # FIRST: the first step; STEP: the node's lowest step; END: the last (the lowest rank's)
+    step: int | None = None
     step_time: float | None = None  # END: when the last step was done (wall clock)
+    # FIRST: the steps done before the attempt's first step, in the job's count, and how a
+    # worker saw that (hpclaunch.jobdir.progress_notes.RESUMED_BY); None: not seen.
+    resumed: int | None = None
+    resumed_by: str | None = None
 
 
 def path(job: JobFolder, requeue: int, node: str) -> Path:
-    return job.progress(requeue) / f"attempts-node-{node}.jsonl"
+    return job.progress(requeue) / f"{PREFIX}{node}{SUFFIX}"
+
+
+def is_log(name: str) -> bool:
+    """Whether ``name`` (in ``progress/requeue-Q/``) is a node's attempts log."""
+    return name.startswith(PREFIX) and name.endswith(SUFFIX)
 
 
 def append(job: JobFolder, requeue: int, event: AttemptEvent) -> None:
@@ -49,26 +64,14 @@ def append(job: JobFolder, requeue: int, event: AttemptEvent) -> None:
     append_line(target, json.dumps(asdict(event), sort_keys=True) + "\n")
 
 
-def read(job: JobFolder, requeue: int) -> list[AttemptEvent]:
-    """Every node's events of one run, oldest first; torn or foreign lines skipped."""
-    out: list[AttemptEvent] = []
-    for found in sorted(job.progress(requeue).glob("attempts-node-*.jsonl")):
-        try:
-            text = found.read_text(errors="replace")
-        except OSError:
-            continue
-        out += parse(text.splitlines())
-    return sorted(out, key=lambda e: (e.attempt, e.time))
-
-
 def parse(lines: Iterable[str]) -> list[AttemptEvent]:
-    """The events among ``lines`` (JSON objects); the others are skipped. Pure."""
+    """The events among ``lines`` (JSON objects); torn or foreign lines are skipped. Pure."""
     out = []
     for line in lines:
         try:
-            event = AttemptEvent(**json.loads(line))
-        except (ValueError, TypeError):
+            event = typed.load(AttemptEvent, json.loads(line))
+        except ValueError:
             continue
-        if event.event in (BEGIN, FIRST, STEP, END):
+        if event.event in EVENTS:
             out.append(event)
     return out

@@ -19,12 +19,12 @@ import enum
 import json
 import re
 import signal
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpclaunch.jobdir import typed
 from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.errortext import SharedFolder, StorageFault, storage_fault, timed_out
 from hpclaunch.jobdir.joblogs import Failure, describe_exit, traceback_of
@@ -138,17 +138,9 @@ def record_of(
     return NodeRecord(node, node_rank, requeue_count, attempt, time.time(), workers)
 
 
-def read(job_dir: Path, requeue_count: int) -> list[NodeRecord]:
-    """Every record of one run of the job; unreadable files are skipped."""
-    out = []
-    for path in JobFolder(job_dir).failure_records(requeue_count):
-        try:
-            data = json.loads(path.read_text())
-            workers = tuple(WorkerFailure(**w) for w in data.pop("workers"))
-            out.append(NodeRecord(**data, workers=workers))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-    return out
+def parse(text: str) -> NodeRecord:
+    """A record from its file's text. Raises ValueError (a torn or foreign file)."""
+    return typed.load(NodeRecord, json.loads(text))
 
 
 def write_block(job_dir: Path, requeue_count: int, node: str, block: str) -> Path:
@@ -158,28 +150,6 @@ def write_block(job_dir: Path, requeue_count: int, node: str, block: str) -> Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, (block + "\n").encode())
     return path
-
-
-def read_block(job_dir: Path, requeue_count: int, node: str | None) -> str | None:
-    """One root-cause block of a run: ``node``'s, else the first other one readable
-    (srun may have stopped that node's agent before it gave up); None when none is."""
-    layout = JobFolder(job_dir)
-    first = [layout.root_cause(requeue_count, node)] if node else []
-    for path in [*first, *layout.root_causes(requeue_count)]:
-        try:
-            return path.read_text(errors="replace")
-        except OSError:
-            continue
-    return None
-
-
-def print_block(job_dir: Path, requeue_count: int, node: str | None) -> None:
-    """Print one root-cause block for the job on stderr: the one ``node``'s agent left,
-    else any (srun may have stopped that node's agent before it gave up)."""
-    block = read_block(job_dir, requeue_count, node)
-    if block is not None:
-        sys.stderr.write(block)
-        sys.stderr.flush()
 
 
 def shared_folders(

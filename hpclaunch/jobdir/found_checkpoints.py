@@ -1,33 +1,32 @@
 """Checkpoints a job writes its own way, found by glob for ``hpclaunch status``.
 
 hpclaunch's own checkpoints are ``step-N`` entries of the checkpoint folder
-(``hpclaunch.checkpoint.complete``). A job that saves its own way (``torch.save`` to
+(hpclaunch.jobdir.checkpoint_folder). A job that saves its own way (``torch.save`` to
 ``snapshot.pt`` as PyTorch's DDP example does, Lightning's ``last.ckpt``) declares
 globs with ``hpclaunch sbatch --checkpoint-pattern``; the supervisor records them in
-history.json, made absolute against the submit folder. Besides those, the Lightning
-callback's folder ``CHECKPOINT_DIR/lightning/step-*.ckpt`` is always looked at. The
-newest match by modification time is the job's latest checkpoint of its own; names
-of saves in progress (``*.tmp``, ``.name``) never count. Plain paths, no torch.
+history.json, made absolute against the submit folder. The newest match by
+modification time is the job's latest checkpoint of its own; names of saves in progress
+(``*.tmp``, ``.name``) never count. Plain paths, no torch.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch.checkpoint import store
-from hpclaunch.job.values import has_wildcard
-
-# Where the Lightning callback commits its checkpoints (by rename), under the job's
-# checkpoint folder.
-LIGHTNING = os.path.join(store.LIGHTNING_FOLDER, "step-*.ckpt")
+_WILDCARD = re.compile(r"[*?[]")
 IN_PROGRESS_SUFFIX = ".tmp"
-# How a folder is listed: os.scandir; tests give one that refuses (root reads anything).
-Scandir = Callable[[str], AbstractContextManager[Iterator[os.DirEntry[str]]]]
+# Whether a folder can be listed, asked without listing it (the search lists each folder
+# once); tests give one that refuses, since root may list anything.
+Listable = Callable[[str], bool]
+
+
+def listable(folder: str) -> bool:
+    return os.access(folder, os.R_OK | os.X_OK)
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,16 @@ class Found:
 
 @dataclass(frozen=True)
 class Search:
-    """The newest match of every pattern (None: no match), and what could not be read."""
+    """Every match of the patterns, oldest first, and what could not be read."""
 
-    newest: Found | None
+    found: tuple[Found, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def newest(self, since: float | None = None) -> Found | None:
+        """The newest match (the greater path on a tie); with ``since``, of those written
+        at or after it (older files are not the job's)."""
+        kept = [f for f in self.found if since is None or f.written >= since]
+        return kept[-1] if kept else None
 
 
 def absolute(patterns: Iterable[str], base: str | os.PathLike[str]) -> list[str]:
@@ -53,11 +58,6 @@ def absolute(patterns: Iterable[str], base: str | os.PathLike[str]) -> list[str]
     return [p if os.path.isabs(p) else os.path.join(prefix, p) for p in patterns]
 
 
-def defaults(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
-    """The patterns looked at for every job: the Lightning callback's checkpoints."""
-    return [os.path.join(glob.escape(os.fspath(checkpoint_dir)), LIGHTNING)]
-
-
 def counts(path: str) -> bool:
     """Whether a match is a checkpoint: not a save in progress (``*.tmp``) nor a
     hidden name (``.name``: how savers write before they rename)."""
@@ -65,30 +65,35 @@ def counts(path: str) -> bool:
     return not name.startswith(".") and not name.endswith(IN_PROGRESS_SUFFIX)
 
 
-def newest(patterns: Sequence[str], scandir: Scandir = os.scandir) -> Search:
-    """The newest file or folder (by mtime; the greater path on a tie) that matches any
-    of ``patterns`` (absolute globs, ``**`` for any folders). A folder that a pattern
-    starts from but cannot be read (``scandir`` lists it) gives a note; the folders
-    below it that cannot be read are passed over, as glob does. Never raises OSError."""
-    best: Found | None = None
+def search(patterns: Sequence[str], can_list: Listable = listable) -> Search:
+    """Every file or folder that matches any of ``patterns`` (absolute globs, ``**`` for
+    any folders), by modification time. A folder that a pattern starts from but cannot be
+    read gives a note; the folders below it that cannot be read are passed over, as glob
+    does. Never raises OSError."""
+    found: dict[str, Found] = {}
     notes: list[str] = []
     for pattern in patterns:
-        blocked = unreadable_base(pattern, scandir)
+        blocked = unreadable_base(pattern, can_list)
         if blocked is not None:
             notes.append(
                 f"checkpoint folder {blocked} (of {pattern}) cannot be read: Permission denied"
             )
             continue
         for match in glob.iglob(pattern, recursive=True):
-            if not counts(match):
+            if not counts(match) or match in found:
                 continue
             try:
                 written = os.stat(match).st_mtime
             except OSError:  # removed since (a saver keeping the last few), or a broken link
                 continue
-            if best is None or (written, match) > (best.written, str(best.path)):
-                best = Found(Path(match), written)
-    return Search(best, tuple(notes))
+            found[match] = Found(Path(match), written)
+    ordered = sorted(found.values(), key=lambda f: (f.written, str(f.path)))
+    return Search(tuple(ordered), tuple(notes))
+
+
+def has_wildcard(pattern: str) -> bool:
+    """Whether ``pattern`` is a glob (``*``, ``?`` or ``[``) rather than one path."""
+    return _WILDCARD.search(pattern) is not None
 
 
 def base_folder(pattern: str) -> str:
@@ -103,17 +108,11 @@ def base_folder(pattern: str) -> str:
     return os.sep.join(fixed) or (os.sep if pattern.startswith(os.sep) else os.curdir)
 
 
-def unreadable_base(pattern: str, scandir: Scandir = os.scandir) -> str | None:
+def unreadable_base(pattern: str, can_list: Listable = listable) -> str | None:
     """The folder ``pattern`` starts from when it exists but cannot be listed; else None
     (a folder not made yet is no problem: the job has not saved yet)."""
     folder = base_folder(pattern)
-    try:
-        with scandir(folder):
-            return None
-    except PermissionError:
-        return folder
-    except OSError:
-        return None
+    return folder if os.path.isdir(folder) and not can_list(folder) else None
 
 
 def submit_dir(env: Mapping[str, str]) -> str:

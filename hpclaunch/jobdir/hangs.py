@@ -1,9 +1,8 @@
-"""What the agents write into the job folder about hangs and progress, and what the
-login node and the supervisor read back. No torch.
+"""What the agents write into the job folder about hangs and stacks, and what a hang's
+reports say together. No torch.
 
     hangs/requeue-Q/attempt-A-node-HOST.json    a node's hang report (``HangReport``)
     hangs/requeue-Q/attempt-A-node-HOST.txt     its ranks' stacks at the hang
-    progress/requeue-Q/node-HOST.json           a node's progress note (``NodeProgress``)
     stacks/request-ID                           ``hpclaunch stacks`` asks ...
     stacks/ID/node-HOST.txt                     ... and each node's agent answers
 
@@ -17,9 +16,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpclaunch.jobdir import typed
 from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.layout import JobFolder
 
@@ -80,20 +80,14 @@ def write_report(job: JobFolder, report: HangReport) -> Path:
     return path
 
 
-def read_reports(job: JobFolder, requeue: int | None = None) -> list[HangReport]:
-    """The hang reports of one run (``requeue``) or of every run, oldest first;
-    unreadable ones are skipped."""
-    pattern = f"requeue-{requeue}" if requeue is not None else "requeue-*"
-    out = []
-    for path in (job.root / "hangs").glob(f"{pattern}/attempt-*-node-*.json"):
-        try:
-            data = json.loads(path.read_text())
-            data["ranks"] = tuple(RankAtHang(**r) for r in data["ranks"])
-            data["culprits"] = tuple(data["culprits"])
-            out.append(HangReport(**data))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-    return sorted(out, key=lambda r: (r.requeue, r.attempt, r.time))
+def is_report(name: str) -> bool:
+    """Whether ``name`` (in ``hangs/requeue-Q/``) is a node's hang report."""
+    return name.startswith("attempt-") and "-node-" in name and name.endswith(".json")
+
+
+def parse(text: str) -> HangReport:
+    """A report from its file's text. Raises ValueError (a torn or foreign file)."""
+    return typed.load(HangReport, json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -216,57 +210,6 @@ def hang_block(report: HangReport) -> str:
         lines.append(f"  rank {seen.rank}: {state}, step {step}, at {seen.where or '?'}")
     lines.append(f"  stacks: {report.stacks}")
     return "\n".join(lines)
-
-
-# How a worker saw the step it resumed from: hpclaunch.checkpoint.load_latest, the
-# optimizer's own step count in the state the script restored (Adam and its family), the
-# script's own step numbers (progress.beat(step=...)), a framework's callback
-# (hpclaunch.frameworks.lightning.StopCheckpoint).
-RESUMED_BY = ("checkpoint", "optimizer", "script", "lightning")
-
-
-@dataclass(frozen=True)
-class RankProgress:
-    rank: int
-    step: int
-    steps_per_s: float | None
-    slowest_s: float  # the longest time between two of its steps
-    idle_s: float  # since its last step, when the note was written
-    job_steps: bool = False  # step counts on from the checkpoint it resumed (or is its own)
-    # The steps done before this attempt's first step, in the job's count, when the worker
-    # saw where it resumed, and how it saw it (one of RESUMED_BY); None: not seen.
-    resumed: int | None = None
-    resumed_by: str | None = None
-
-
-@dataclass(frozen=True)
-class NodeProgress:
-    node: str
-    attempt: int
-    time: float  # when the note was written (wall clock)
-    ranks: tuple[RankProgress, ...] = field(default=())
-    total: int | None = None  # the steps the run is to take, as the script said
-    metrics: dict[str, float] = field(default_factory=dict)  # its lowest rank's latest
-    metrics_rank: int | None = None
-
-
-def write_progress(job: JobFolder, requeue: int, note: NodeProgress) -> None:
-    """Replace the node's progress note. Raises OSError."""
-    path = job.progress(requeue) / f"node-{note.node}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, (json.dumps(asdict(note)) + "\n").encode())
-
-
-def read_progress(job: JobFolder, requeue: int) -> list[NodeProgress]:
-    out = []
-    for path in sorted(job.progress(requeue).glob("node-*.json")):
-        try:
-            data = json.loads(path.read_text())
-            data["ranks"] = tuple(RankProgress(**r) for r in data["ranks"])
-            out.append(NodeProgress(**data))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-    return out
 
 
 def request_stacks(job: JobFolder) -> str:

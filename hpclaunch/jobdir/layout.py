@@ -177,7 +177,7 @@ class JobFolder:
         """Every attempt's log folder, oldest first."""
         found = []
         for path in self.logs.glob("requeue-*/step-*/attempt-*"):
-            requeue, attempt = _suffix(path.parents[1].name), _suffix(path.name)
+            requeue, attempt = number_of(path.parents[1].name), number_of(path.name)
             step = path.parent.name.removeprefix("step-")
             if requeue is not None and attempt is not None and path.is_dir():
                 found.append(AttemptFolder(requeue, step, attempt, path))
@@ -191,7 +191,7 @@ class JobFolder:
         """(requeue count, folder) of every run with failure records, oldest first."""
         found = []
         for path in (self.root / FAILURES).glob("requeue-*"):
-            number = _suffix(path.name)
+            number = number_of(path.name)
             if number is not None:
                 found.append((number, path))
         return sorted(found)
@@ -267,7 +267,7 @@ def _step_order(step: str) -> tuple[int, int]:
     return (1, int(step)) if step.isdigit() else (0, 0)
 
 
-def _suffix(name: str) -> int | None:
+def number_of(name: str) -> int | None:
     """``attempt-3`` -> 3; None for a name of another form."""
     _, _, number = name.rpartition("-")
     return int(number) if number.isdigit() else None

@@ -1,16 +1,18 @@
-"""How long each checkpoint save took: global rank 0 appends one JSON line per
-committed save to the job folder's ``checkpoint-saves.jsonl``; ``hpclaunch status``
-and the supervisor read the last one, to show it and to warn when the time-limit
-warning leaves less time than a save needs. No torch."""
+"""How long each checkpoint save took and what it holds: global rank 0 appends one JSON
+line per committed save to the job folder's ``checkpoint-saves.jsonl``
+(hpclaunch.checkpoint.saving). ``hpclaunch.record`` reads them: status shows the last
+one, the supervisor warns when the time-limit warning leaves less time than a save
+needs, lost work and goodput know what each checkpoint holds and when it was taken;
+``load_latest`` finds the steps the checkpoint it loaded holds. No torch."""
 
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpclaunch.job.spec import agent_grace_for
+from hpclaunch.jobdir import typed
 from hpclaunch.jobdir.atomic import append_line
 
 
@@ -44,46 +46,28 @@ def append(path: Path, record: SaveRecord) -> None:
     append_line(path, json.dumps(asdict(record), sort_keys=True) + "\n")
 
 
-def last(path: Path) -> SaveRecord | None:
-    """The newest readable record, or None (no file, or none readable)."""
-    found = records(path)
-    return found[-1] if found else None
+def slowest(records: Sequence[SaveRecord], count: int = 5) -> SaveRecord | None:
+    """Of the newest ``count`` of ``records``, the one that took longest to commit."""
+    return max(records[-count:], key=lambda r: r.total_s, default=None)
 
 
-def slowest(path: Path, count: int = 5) -> SaveRecord | None:
-    """Of the newest ``count`` records, the one that took longest to commit."""
-    return max(records(path)[-count:], key=lambda r: r.total_s, default=None)
-
-
-def records(path: Path) -> list[SaveRecord]:
-    """Every readable record, oldest first (a torn or foreign line is skipped)."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
+def parse(lines: Iterable[str]) -> list[SaveRecord]:
+    """The records among ``lines``, oldest first; a torn or foreign line is skipped."""
     found = []
     for line in lines:
         try:
-            found.append(SaveRecord(**json.loads(line)))
-        except (ValueError, TypeError):
+            found.append(typed.load(SaveRecord, json.loads(line)))
+        except ValueError:
             continue
     return found
 
 
-def lead_warning(record: SaveRecord, signal_lead_s: float) -> str | None:
-    """A warning when a save like ``record`` cannot finish between the time-limit
-    warning and the workers' end: the agents give them three quarters of the signal
-    lead (``hpclaunch.job.spec.agent_grace_for``)."""
-    budget = agent_grace_for(signal_lead_s)
-    if record.total_s < budget:
-        return None
-    needed = math.ceil((record.total_s * 1.5 + 10) * 4 / 3)
-    return (
-        f"the checkpoint save of step {record.step} took {record.total_s:.1f} s, but after "
-        f"the time-limit warning (--signal-lead {signal_lead_s:g} s) the workers get "
-        f"{budget} s: a save on the warning would not finish; raise --signal-lead to at "
-        f"least {needed} s, or make the save smaller"
-    )
+def read(path: Path) -> list[SaveRecord]:
+    """Every readable record in ``path``; none when it cannot be read."""
+    try:
+        return parse(path.read_text(errors="replace").splitlines())
+    except OSError:
+        return []
 
 
 def _size(count: int) -> str:

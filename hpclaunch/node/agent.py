@@ -131,6 +131,8 @@ def after_run(
     """The exit status of a supervised agent whose run ended with ``status``, noted in
     the job folder for the supervisor (hpclaunch.recovery.stops); in a --no-kill job
     whose batch host is lost, this agent may end or requeue the job in its place."""
+    from hpclaunch.jobdir import agent_ends
+    from hpclaunch.jobdir.agent_ends import AgentEnd
     from hpclaunch.node.stop_notes import uncaught
     from hpclaunch.recovery import deputy
 
@@ -138,12 +140,10 @@ def after_run(
     killer = uncaught()
     with stop_signals_ignored():  # a late one would raise here (torch's handlers stay)
         try:
-            deputy.note_end(
+            agent_ends.write(
                 JobFolder(job_dir),
                 ctx.restart_count,
-                ctx.hostname,
-                status,
-                killer.name if killer is not None else None,
+                AgentEnd(ctx.hostname, status, killer.name if killer is not None else None),
             )
         except OSError as exc:
             log.warning("could not note this agent's end in %s: %s", job_dir, exc)

@@ -33,11 +33,12 @@ from hpclaunch.job.values import (
     HANG_OFF,
     parse_hang_timeout,
 )
-from hpclaunch.jobdir import attempts
+from hpclaunch.jobdir import attempts, progress_notes
 from hpclaunch.jobdir import hangs as reports
 from hpclaunch.jobdir.hangs import HangReport, RankAtHang
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node import boot_env, procs, stacks
+from hpclaunch.record.job_record import read_run
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ class Watch:
         folder by now (each node waits DEFER_S after writing its own)."""
         found = [
             r
-            for r in reports.read_reports(self._job, self.requeue)
+            for r in read_run(self._job.root, self.requeue).hangs
             if r.attempt == report.attempt and r.node != self.node
         ]
         return reports.began_on([report, *found]) == self.node
@@ -310,7 +311,7 @@ class Watch:
             for local_rank, rank in sorted(self._ranks.items())
         }
         ranks = tuple(
-            reports.RankProgress(
+            progress_notes.RankProgress(
                 rank,
                 p.step,
                 p.steps_per_s,
@@ -326,11 +327,11 @@ class Watch:
         totals = [p.total for p in found.values() if p is not None and p.total is not None]
         rank, metrics = self._metrics()
         self._note_first(found, now)
-        note = reports.NodeProgress(
+        note = progress_notes.NodeProgress(
             self.node, self.attempt, time.time(), ranks, max(totals, default=None), metrics, rank
         )
         try:
-            reports.write_progress(self._job, self.requeue, note)
+            progress_notes.write(self._job, self.requeue, note)
         except OSError as exc:
             log.debug("could not write the progress note: %s", exc)
         return True

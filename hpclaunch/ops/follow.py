@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.ops import deadends, training
+from hpclaunch.ops import deadends
 from hpclaunch.ops.status import JobStatus
-from hpclaunch.ops.training import Training
+from hpclaunch.record import training
+from hpclaunch.record.training import Training
 from hpclaunch.slurm.hostlist import compress
 from hpclaunch.slurm.states import ON_NODES, JobState
 
@@ -23,6 +24,9 @@ POLL_S = 2.0
 BLIND_LOOKS = 30
 # How often at most --follow prints the training's progress while it steps.
 PROGRESS_EVERY_S = 30.0
+# Lines about what a run did: a look that misses them (a file being replaced) must not
+# have the next one say them again.
+_ONCE = ("lost work:", "worker group restarted in place:")
 
 
 def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
@@ -44,11 +48,10 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
     for restart in after.restarts:
         if not same_run or restart not in old.restarts:
             lines.append(f"worker group restarted in place: {restart}")
+    told = {loss.requeue for loss in old.lost_work if loss.final}
     for loss in after.lost_work:
-        if _settled(after, loss.requeue) and not (
-            _settled(old, loss.requeue) and loss in old.lost_work
-        ):
-            lines.append(f"lost work: {loss.text()}")
+        if loss.final and loss.requeue not in told:
+            lines.append(f"lost work: {loss.text}")  # once, when nothing can change it
     if after.checkpoint_step is not None and after.checkpoint_step != old.checkpoint_step:
         lines.append(f"checkpoint: step {after.checkpoint_step}")
     found = (after.found_checkpoint, after.found_checkpoint_written)
@@ -57,13 +60,6 @@ def changes(before: JobStatus | None, after: JobStatus) -> list[str]:
     if state_changed and after.ended:
         lines.append(_state_line(after))  # the end comes last
     return lines
-
-
-def _settled(status: JobStatus, requeue: int) -> bool:
-    """Whether run ``requeue``'s work is all noted: a later run has begun, or the job is
-    no longer on its nodes (its agents write their last notes as their workers end)."""
-    later = any(run.requeue > requeue for run in status.runs)
-    return later or status.job_state not in (JobState.RUNNING, JobState.COMPLETING)
 
 
 def _state_line(status: JobStatus) -> str:
@@ -118,9 +114,14 @@ def watch(
     ``loop``)."""
     before: list[JobStatus] = []
     shown: list[tuple[float, Training]] = []  # when the last progress line was, and what
+    said: set[str] = set()  # the lines about one run's past, said once whatever a look misses
 
     def seen(now: JobStatus) -> None:
         for line in changes(before[-1] if before else None, now):
+            if line.startswith(_ONCE):
+                if line in said:
+                    continue
+                said.add(line)
             emit(line)
         at = clock()
         stepping = now.job_state is JobState.RUNNING  # not an old run's, once requeued
@@ -129,7 +130,7 @@ def watch(
             and stepping
             and progress_due(shown[-1] if shown else None, now.training, at)
         ):
-            emit(f"progress: {training.line(now.training)}")
+            emit(f"progress: {training.line(now.training, time.time())}")
             shown[:] = [(at, now.training)]
         before[:] = [now]
 

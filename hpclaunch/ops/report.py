@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpclaunch.errors import HpclaunchError
-from hpclaunch.jobdir.goodput import PARTS, Attempt, Timeline, duration
 from hpclaunch.ops.status import JobStatus
+from hpclaunch.record.attempts import Attempt
+from hpclaunch.record.goodput import PARTS, RunTimes, Timeline, duration
 
 FORMATS = (".png", ".svg")
 COLOURS = {
@@ -18,6 +19,7 @@ COLOURS = {
     "productive": "#43a047",
     "checkpoint": "#1e88e5",
     "lost": "#e53935",
+    "unknown": "#f48fb1",
     "restarts": "#fb8c00",
     "hangs": "#8e24aa",
     "shutdown": "#757575",
@@ -41,25 +43,47 @@ def text(status: JobStatus, found: Timeline | None) -> str:
     for part, seconds in split.parts().items():
         share = seconds / split.wall_s * 100 if split.wall_s else 0.0
         lines.append(f"    {part:<11} {duration(seconds):>13}  {share:5.1f} %")
-    lines += ["", "  run  attempt  began        first step   last step    steps  steps/s  ended"]
+    header = "  run  attempt  began        first step   last step    steps        steps/s  ended"
+    lines += ["", header]
     for attempt in found.attempts:
         lines.append("  " + _row(attempt, split.submitted))
+    for run in found.runs:
+        lines.append(f"  run {run.requeue}: {ending(run)}")
     return "\n".join(lines)
+
+
+def ending(run: RunTimes) -> str:
+    """How a run ended, as history.json says: ``completed``, ``requeued: bad nodes``."""
+    if run.ended is None and run.reason is None:
+        return "running" if run.action is None else "no end recorded"
+    reason = run.reason or "unknown"
+    if run.action in ("requeue", "SLURM requeues"):
+        return f"requeued: {reason}"
+    if reason == "completed":
+        return "completed"
+    if run.action in ("give up", "requeue failed"):
+        return f"ended ({run.action}): {reason}"
+    return f"ended: {reason}"
+
+
+def steps_of(a: Attempt) -> str:
+    """The steps an attempt did, as status counts them: ``40→60`` (the job's count: it
+    resumed from 40 and reached 60), ``+20`` where it did 20 from a step not seen."""
+    if a.first_step is None or a.last_step is None:
+        return "-"
+    if a.job_count:
+        return f"{a.first_step - 1}→{a.last_step}"
+    return f"+{a.last_step - a.first_step + 1}"
 
 
 def _row(a: Attempt, zero: float) -> str:
     def at(t: float | None) -> str:
         return "-" if t is None else f"+{duration(t - zero)}"
 
-    steps = (
-        (a.last_step - a.first_step + 1)
-        if a.last_step is not None and a.first_step is not None
-        else None
-    )
     rate = rate_of(a)
     return (
         f"{a.requeue:<4} {a.attempt:<8} {at(a.began):<12} {at(a.first):<12} "
-        f"{at(a.last):<12} {steps if steps is not None else '-':<6} "
+        f"{at(a.last):<12} {steps_of(a):<12} "
         f"{f'{rate:.2f}' if rate else '-':<8} {at(a.ended)}"
     )
 
@@ -81,9 +105,9 @@ def check_output(output: Path) -> None:
         )
 
 
-def draw(found: Timeline, output: Path, title: str) -> None:
-    """The timeline into ``output``: a lane per run with its parts, the nodes' checkpoint
-    saves and hangs as marks, and steps per second below. Raises ReportError."""
+def draw(found: Timeline, output: Path, title_prefix: str) -> None:
+    """The timeline into ``output``: a lane per run with its parts and how it ended, the
+    checkpoint saves and hangs as marks, and steps per second below. Raises ReportError."""
     check_output(output)
     try:
         import matplotlib
@@ -123,6 +147,7 @@ def draw(found: Timeline, output: Path, title: str) -> None:
         )
         if mark is not None:
             top.plot([save.called - zero], [mark + 0.5], marker="v", color=COLOURS["checkpoint"])
+    rates: list[float] = []
     for attempt in found.attempts:
         if (attempt.requeue, attempt.attempt) in found.hung and attempt.last is not None:
             top.plot(
@@ -133,22 +158,47 @@ def draw(found: Timeline, output: Path, title: str) -> None:
             )
         rate = rate_of(attempt)
         if rate and attempt.first is not None and attempt.last is not None:
+            rates.append(rate)
             bottom.plot(
                 [attempt.first - zero, attempt.last - zero],
                 [rate, rate],
                 color=COLOURS["productive"],
+                gid=f"rate-{attempt.requeue}-{attempt.attempt}",
             )
+    extent = max([found.split.until - zero, *(s.end - zero for s in found.segments)])
+    for run in found.runs:
+        mine = [s for s in found.segments if s.requeue == run.requeue]
+        if mine and run.requeue in lane:
+            top.text(
+                max(s.end for s in mine) - zero,
+                lane[run.requeue],
+                f" {ending(run)}",
+                va="center",
+                fontsize="small",
+                gid=f"ending-{run.requeue}",
+            )
+    # Every mark inside the frame: the lanes with their marks above and below, the time
+    # with room on the right for how each run ended, the fastest rate below the top.
+    top.set_ylim(-1.7, len(runs) - 0.3)
+    top.set_xlim(0, max(extent, 1.0) * 1.3)
     top.set_yticks([-1, *lane.values()], ["queue", *(f"run {r}" for r in runs)])
-    top.set_title(f"{title}: goodput {(found.split.ratio or 0) * 100:.1f} %")
+    split = found.split
+    if not split.stepped or split.ratio is None:
+        title = "goodput unknown (no training step seen)"
+    elif split.ratio_max is not None:
+        title = f"goodput {split.ratio * 100:.1f} % to {split.ratio_max * 100:.1f} %"
+    else:
+        title = f"goodput {split.ratio * 100:.1f} %"
+    top.set_title(f"{title_prefix}: {title}")
     top.legend(
         handles=[Patch(color=COLOURS[p], label=p) for p in PARTS],
-        ncol=4,
+        ncol=5,
         fontsize="small",
         loc="upper left",
         bbox_to_anchor=(0, -0.05),
     )
     bottom.set_ylabel("steps/s")
-    bottom.set_ylim(bottom=0)
+    bottom.set_ylim(0, max(rates, default=1.0) * 1.25)
     bottom.set_xlabel("seconds since submission")
     figure.tight_layout()
     try:

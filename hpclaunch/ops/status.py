@@ -2,28 +2,34 @@
 
 SLURM says the state, the nodes and the requeue count (``scontrol show job``
 while it remembers the job, ``sacct`` afterwards where accounting exists). The
-job folder says the rest: ``history.json`` (every run, why it ended, the nodes
-kept out), the rank logs (the worker group's attempts), the failure records
-(the root cause) and the checkpoints. Either side may be missing; what is known
-is reported, and ``notes`` say what could not be read. No torch.
+job folder, read once into a job record (hpclaunch.record), says the rest: every run
+and why it ended, the nodes kept out, the worker group's attempts, the training's
+progress, the work each run lost, the goodput, the hangs, the root cause and the
+checkpoints. Either side may be missing; what is known is reported, and ``notes`` say
+what could not be read. No torch.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpclaunch import checkpoint
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures, found_checkpoints, goodput, hangs, lost_work, saves
-from hpclaunch.jobdir.history import Action, History, HistoryError, Reason
+from hpclaunch.jobdir import failures, hangs, saves
+from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
-from hpclaunch.ops import deadends, registry, training, unsaved
+from hpclaunch.ops import deadends, registry
+from hpclaunch.record import checkpoints, goodput, lost_work, signals, training
+from hpclaunch.record.attempts import of_job
+from hpclaunch.record.checkpoints import Kind
+from hpclaunch.record.goodput import Timeline
+from hpclaunch.record.job_record import JobRecord
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import HostlistError, expand
-from hpclaunch.slurm.states import JobRecord, JobState, Source, is_final
+from hpclaunch.slurm.states import JobState, SlurmRecord, Source, is_final
 
 # A run that ended the job, by what the supervisor did next and why: the state to show
 # once SLURM has forgotten the job. After a requeue the job is not over.
@@ -89,13 +95,13 @@ class JobStatus:
     checkpoint_dir: str | None = None
     checkpoint_written: float | None = None  # when hpclaunch's own last checkpoint was written
     checkpoint_patterns: list[str] = field(default_factory=list)  # --checkpoint-pattern's
-    found_checkpoint: str | None = None  # the newest match of those or the Lightning default
+    found_checkpoint: str | None = None  # the job's newest match of those, or Lightning's
     found_checkpoint_written: float | None = None  # its modification time
     last_save: str | None = None  # the newest save's times (hpclaunch.jobdir.saves)
-    progress: str | None = None  # the latest run's step, rate and ETA (training.line)
+    progress: str | None = None  # the current run's step, rate and ETA (training.line)
     training: training.Training | None = None  # the same, as numbers
     restarts: list[str] = field(default_factory=list)  # why the latest run restarted in place
-    lost_work: list[lost_work.RunLoss] = field(default_factory=list)  # runs that lost steps
+    lost_work: list[lost_work.RunLoss] = field(default_factory=list)  # what runs repeated
     hangs: list[str] = field(default_factory=list)  # each hang: the rank it began with
     root_cause: str | None = None  # the latest run's root-cause block, if it failed
     verdict: str | None = None  # why the latest run ended, where no node is to blame
@@ -105,7 +111,9 @@ class JobStatus:
     notes: list[str] = field(default_factory=list)
     slurm_forgot: bool = False  # scontrol: "Invalid job id", and no sacct answer
     slurm_unreachable: bool = False  # SLURM's commands are missing, or did not answer
-    goodput: goodput.Split | None = None  # the wall time's split (hpclaunch.jobdir.goodput)
+    goodput: goodput.Split | None = None  # the wall time's split (hpclaunch.record.goodput)
+    # What the goodput was cut from (``hpclaunch report`` draws it); not in --json.
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
     def job_state(self) -> JobState | None:
@@ -131,7 +139,12 @@ class JobStatus:
         return self.found_checkpoint if self.found_is_last else self.checkpoint_path
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {
+            key: value
+            for key, value in asdict(replace(self, timeline=None)).items()
+            if key != "timeline"
+        }
+        data["lost_work"] = [loss.to_json() for loss in self.lost_work]
         data["ended"] = self.ended
         data["last_checkpoint"] = self.last_checkpoint
         return data
@@ -142,17 +155,20 @@ def gather(
     slurm: Slurm | None,
     env: Mapping[str, str],
     job_dir: Path | None = None,
+    now: float | None = None,
 ) -> JobStatus:
     """The job's status. ``job_dir`` overrides where the job folder is looked for;
     ``slurm`` None: do not ask SLURM (it is known to be unreachable)."""
+    now = time.time() if now is None else now
     status = JobStatus(job_id)
-    record = None
+    slurm_record = None
     if slurm is None:
         status.slurm_unreachable = True
     else:
-        record = _from_slurm(job_id, slurm, status)
+        slurm_record = _from_slurm(job_id, slurm, status)
     entry = registry.find(env, job_id)
-    folder = job_dir or locate(job_id, entry, record)
+    folder = job_dir or locate(job_id, entry, slurm_record)
+    record = None
     if folder is None:
         status.notes.append(
             f"job {job_id}'s folder is unknown (not in {registry.path(env)}, and SLURM "
@@ -162,7 +178,8 @@ def gather(
         status.notes.append(f"job folder {folder} does not exist (or is not shared here)")
     else:
         status.job_dir = str(folder)
-        _from_folder(folder, status)
+        record = JobRecord.read(folder, job_id)
+        _from_history(record, status)
     if status.name is None and entry is not None:
         status.name = entry.name
     if status.state is None and status.slurm_forgot and status.runs:
@@ -176,9 +193,9 @@ def gather(
                 "SLURM no longer knows the job and its last run did not record how it "
                 "ended (cancelled while pending, or its batch node was lost)"
             )
-    if status.job_dir is not None and status.runs:
+    if record is not None:
         submitted = entry.submitted if entry is not None else None
-        status.goodput = goodput.summary(Path(status.job_dir), job_id, submitted, status.ended)
+        _from_record(record, status, submitted, now)
     if status.batch_log is None and status.job_dir is not None:
         status.batch_log = _batch_log(Path(status.job_dir).parent, job_id, status.name)
     return status
@@ -210,7 +227,7 @@ def _batch_log(log_dir: Path, job_id: int, name: str | None) -> str | None:
     return str(found[0]) if found else None
 
 
-def locate(job_id: int, entry: registry.Entry | None, record: JobRecord | None) -> Path | None:
+def locate(job_id: int, entry: registry.Entry | None, record: SlurmRecord | None) -> Path | None:
     """The job folder: the job list's entry, else the folder of SLURM's ``StdOut``
     (the rendered script writes the batch log next to the job folders)."""
     if entry is not None:
@@ -221,7 +238,7 @@ def locate(job_id: int, entry: registry.Entry | None, record: JobRecord | None) 
     return None
 
 
-def _from_slurm(job_id: int, slurm: Slurm, status: JobStatus) -> JobRecord | None:
+def _from_slurm(job_id: int, slurm: Slurm, status: JobStatus) -> SlurmRecord | None:
     """What SLURM says, into ``status``; the record, None when there is none."""
     answer = slurm.lookup(job_id)
     status.slurm_forgot, status.slurm_unreachable = answer.forgotten, answer.unreachable
@@ -258,142 +275,152 @@ def _hosts(hostlist: str) -> list[str]:
         return [hostlist]
 
 
-def _from_folder(folder: Path, status: JobStatus) -> None:
-    try:
-        history = History.load(folder, status.job_id)
-    except HistoryError as exc:
-        status.notes.append(str(exc))
-        history = None
-    if history is not None and history.runs:
-        status.max_requeues = history.max_requeues
-        if status.requeues is None:
-            status.requeues = history.requeues
-        for run in history.runs:
-            status.runs.append(
-                RunSummary(
-                    run.requeue_count,
-                    _hosts(run.nodes),
-                    run.started,
-                    run.ended,
-                    run.reason,
-                    run.action,
-                )
+def _from_history(record: JobRecord, status: JobStatus) -> None:
+    """The runs, the nodes kept out and the verdict, from the history in ``record``."""
+    history = record.history
+    if record.history_error is not None:
+        status.notes.append(record.history_error)
+    elif not history.runs:
+        status.notes.append(f"no history.json in {record.root} yet (the job has not started)")
+    if not history.runs:
+        return
+    status.max_requeues = history.max_requeues
+    if status.requeues is None:
+        status.requeues = history.requeues
+    for run in history.runs:
+        status.runs.append(
+            RunSummary(
+                run.requeue_count, _hosts(run.nodes), run.started, run.ended, run.reason, run.action
             )
-            why = run.reason or "unknown"
-            if run.error:
-                why += f": {run.error}"
-            status.excluded += [Exclusion(node, why) for node in run.excluded]
-        status.verdict = history.runs[-1].verdict
-        status.notes += unsaved.notes(folder, [run.requeue_count for run in history.runs])
-    elif history is not None:
-        status.notes.append(f"no history.json in {folder} yet (the job has not started)")
-    found = JobFolder(folder).attempts()
-    status.attempts_total = len(found)
-    if found:
-        latest = found[-1].requeue
-        status.attempts = len({(a.step, a.attempt) for a in found if a.requeue == latest})
-    ckpt_dir = Path(history.checkpoint_dir) if history and history.checkpoint_dir else None
-    ckpt_dir = ckpt_dir or JobFolder(folder).checkpoints
-    status.checkpoint_dir = str(ckpt_dir)
-    try:
-        complete = checkpoint.complete(ckpt_dir)
-    except OSError as exc:
-        status.notes.append(f"checkpoint folder {ckpt_dir} cannot be read: {exc.strerror}")
-        complete = None
-    if complete:
-        status.checkpoint_step, status.checkpoint_path = complete[-1].step, str(complete[-1].path)
-        status.checkpoint_written = _written(complete[-1].path)
-    _found(ckpt_dir, history, status, lightning=complete is not None)
-    _progress(JobFolder(folder), status, ckpt_dir)
-    _saves(folder, ckpt_dir, history, status)
-    status.root_cause = root_cause(folder, status.runs, ckpt_dir)
+        )
+        why = run.reason or "unknown"
+        if run.error:
+            why += f": {run.error}"
+        status.excluded += [Exclusion(node, why) for node in run.excluded]
+    status.verdict = history.runs[-1].verdict
 
 
-def _progress(job: JobFolder, status: JobStatus, ckpt_dir: Path) -> None:
-    """The latest run's progress and restarts, each run's lost work, and every hang."""
-    status.hangs = [hangs.describe(hung) for hung in hangs.first_hung(hangs.read_reports(job))]
-    latest = status.runs[-1].requeue if status.runs else 0
-    status.training = training.of_notes(hangs.read_progress(job, latest), run=latest)
+def _from_record(record: JobRecord, status: JobStatus, submitted: float | None, now: float) -> None:
+    """What the job folder says beyond the history: attempts, checkpoints, saves, progress,
+    restarts, lost work, hangs, goodput, the root cause."""
+    status.notes += signals.notes(
+        record.runs[r.requeue] for r in status.runs if r.requeue in record.runs
+    )
+    status.notes += record.notes
+    status.attempts_total = len(record.attempt_logs)
+    if record.attempt_logs:
+        latest = record.attempt_logs[-1].requeue
+        status.attempts = len(
+            {(a.step, a.attempt) for a in record.attempt_logs if a.requeue == latest}
+        )
+    status.checkpoint_dir = str(record.checkpoint_dir)
+    status.checkpoint_patterns = list(record.history.checkpoint_patterns)
+    committed = record.checkpoints.committed
+    if committed:
+        status.checkpoint_step, status.checkpoint_path = committed[-1].step, str(committed[-1].path)
+        status.checkpoint_written = committed[-1].written
+    saved = checkpoints.known(record)
+    own = [s for s in saved if s.kind in (Kind.PATTERN, Kind.LIGHTNING)]
+    if own:
+        status.found_checkpoint = (
+            own[-1].label
+            if own[-1].kind is Kind.PATTERN
+            else str(record.checkpoint_dir / own[-1].label)
+        )
+        status.found_checkpoint_written = own[-1].time
+    attempts = of_job(record)
+    _progress(record, status, attempts, now)
+    _lost_work(record, status, attempts, saved)
+    _saves(record, status)
+    status.root_cause = root_cause(record, status.runs)
+    if status.runs:
+        status.timeline = goodput.of_record(record, submitted, now, status.ended)
+        status.goodput = status.timeline.split if status.timeline else None
+
+
+def _current_run(record: JobRecord, status: JobStatus) -> int | None:
+    """The run the job is on now: SLURM's requeue count, or the history's latest run
+    when SLURM does not say (its requeue count comes first after a requeue)."""
+    latest = max((r.requeue for r in status.runs), default=None)
+    if status.requeues is not None and status.state_source in ("scontrol", "sacct"):
+        return max(status.requeues, latest or 0)
+    return latest
+
+
+def _progress(
+    record: JobRecord, status: JobStatus, attempts: Mapping[int, Any], now: float
+) -> None:
+    """The current run's progress and restarts, and every hang."""
+    status.hangs = [
+        hangs.describe(hung)
+        for hung in hangs.first_hung([r for run in record.runs.values() for r in run.hangs])
+    ]
+    current = _current_run(record, status)
+    if current is None:
+        return
+    run = record.run(current)
+    on_nodes = status.nodes if status.job_state is JobState.RUNNING else []
+    status.training = training.of_run(run, attempts.get(current, []), now, on_nodes)
     if status.training is not None and status.job_state not in (JobState.RUNNING, None):
         status.training = replace(status.training, eta_s=None)  # not stepping any more
-    status.progress = training.line(status.training) if status.training else None
-    status.restarts = training.restarts(job, latest)
-    known = lost_work.checkpoints(job, ckpt_dir)
-    own_way = bool(status.checkpoint_patterns)
+    status.progress = training.line(status.training, now) if status.training else None
+    status.restarts = training.restarts(run, record.attempt_logs)
+
+
+def _lost_work(
+    record: JobRecord, status: JobStatus, attempts: Mapping[int, Any], saved: Sequence[Any]
+) -> None:
+    """What each run that another one followed (or that was requeued) did twice."""
+    told = []
     for index, run in enumerate(status.runs):
         after = status.runs[index + 1] if index + 1 < len(status.runs) else None
-        if run.action in _REQUEUED_ACTIONS or (run.ended is None and after is not None):
-            ended = run.ended if run.ended is not None or after is None else after.started
-            loss = lost_work.of_run(job, ckpt_dir, run.requeue, run.started, ended, own_way)
-            if loss is not None:
-                status.lost_work.append(loss)
-    done = status.training.step if status.training else 0
-    warning = lost_work.never_saved(known, done, own_way)
+        if after is None and run.action not in _REQUEUED_ACTIONS:
+            continue
+        ended = run.ended if run.ended is not None or after is None else after.started
+        told.append((run.requeue, ended, after.requeue if after is not None else None))
+    status.lost_work = lost_work.of_runs(told, attempts, saved, status.ended)
+    done = status.training.step or status.training.counted if status.training else 0
+    warning = lost_work.never_saved(saved, attempts, done)
     if warning:
         status.notes.append(warning)
 
 
-def _written(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:  # removed since (a newer one superseded it)
-        return None
-
-
-def _found(ckpt_dir: Path, history: History | None, status: JobStatus, lightning: bool) -> None:
-    """The newest checkpoint the job wrote its own way: a match of --checkpoint-pattern,
-    or (``lightning``: the checkpoint folder can be read) of the Lightning callback's."""
-    status.checkpoint_patterns = list(history.checkpoint_patterns) if history else []
-    defaults = found_checkpoints.defaults(ckpt_dir) if lightning else []
-    search = found_checkpoints.newest(status.checkpoint_patterns + defaults)
-    status.notes += search.notes
-    if search.newest is not None:
-        status.found_checkpoint = str(search.newest.path)
-        status.found_checkpoint_written = search.newest.written
-
-
-def _saves(folder: Path, ckpt_dir: Path, history: History | None, status: JobStatus) -> None:
+def _saves(record: JobRecord, status: JobStatus) -> None:
     """The newest save's times, a warning when saves outgrow the signal lead, and the
     checkpoints set aside as damaged."""
-    record = saves.last(JobFolder(folder).saves)
-    if record is not None:
-        status.last_save = record.describe()
-    slowest = saves.slowest(JobFolder(folder).saves)
-    lead = history.signal_lead_s if history is not None else None
-    warning = saves.lead_warning(slowest, lead) if slowest and lead else None
+    if record.saves:
+        status.last_save = record.saves[-1].describe()
+    slowest = saves.slowest(record.saves)
+    lead = record.history.signal_lead_s
+    warning = checkpoints.lead_warning(slowest, lead) if slowest and lead else None
     if warning:
         status.notes.append(warning)
-    try:
-        damaged = sorted(p.name for p in ckpt_dir.glob(f"step-*{checkpoint.DAMAGED_SUFFIX}"))
-    except OSError:
-        damaged = []
-    if damaged:
+    if record.checkpoints.damaged:
         status.notes.append(
             f"set aside as damaged (failed to load; the previous checkpoint was used): "
-            f"{', '.join(damaged)} in {ckpt_dir}"
+            f"{', '.join(record.checkpoints.damaged)} in {record.checkpoint_dir}"
         )
 
 
-def root_cause(
-    folder: Path, runs: Sequence[RunSummary] = (), checkpoint_dir: Path | None = None
-) -> str | None:
+def root_cause(record: JobRecord, runs: Sequence[RunSummary] = ()) -> str | None:
     """The root-cause block of the latest run that has one (of the latest of ``runs``
     only, when given): the culprit's, as the supervisor printed it (the first bad
     node, else the earliest error of its own; none for a hang)."""
-    layout = JobFolder(folder)
     latest = max((r.requeue for r in runs), default=None)
-    for requeue_count, _ in reversed(layout.failure_runs()):
-        if latest is not None and requeue_count != latest:
-            return None  # an earlier run's failure is not why the job is where it is
-        if not layout.root_causes(requeue_count):
+    for requeue in sorted(record.runs, reverse=True):
+        run = record.runs[requeue]
+        if not run.failures and not run.root_causes:
             continue
-        records = failures.read(folder, requeue_count)
-        nodes = next((r.nodes for r in runs if r.requeue == requeue_count), [])
-        shared = failures.shared_folders(folder, checkpoint_dir)
-        finding = failures.classify(records, nodes, shared)
+        if latest is not None and requeue != latest:
+            return None  # an earlier run's failure is not why the job is where it is
+        if not run.root_causes:
+            continue
+        nodes = next((r.nodes for r in runs if r.requeue == requeue), [])
+        shared = failures.shared_folders(record.root, record.checkpoint_dir)
+        finding = failures.classify(run.failures, nodes, shared)
         if finding.verdict is failures.Verdict.HANG:
             return None  # every block is a waiting rank's; the verdict says it
-        block = failures.read_block(folder, requeue_count, failures.culprit(records, finding))
+        block = run.block(failures.culprit(run.failures, finding))
         if block is not None:
             return block.rstrip()
     return None

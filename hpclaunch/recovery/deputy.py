@@ -39,6 +39,7 @@ from hpclaunch.jobdir import history_store
 from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.history import History, finish
 from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.record.job_record import read_run
 from hpclaunch.recovery import policy
 from hpclaunch.recovery.job_commands import requeue_job
 from hpclaunch.slurm import libslurm
@@ -106,30 +107,6 @@ def why_lost(job: JobView, host: str) -> str:
     return "SLURM marks it down or no longer hears from it, and its slurmd does not answer"
 
 
-def note_end(
-    folder: JobFolder, requeue: int, node: str, status: int, uncaught: str | None = None
-) -> None:
-    """This node's agent ended with ``status``; ``uncaught``: the stop signal that killed
-    workers that do not catch it (hpclaunch status reports it). Raises OSError."""
-    path = folder.agent_end(requeue, node)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    note: dict[str, object] = {"node": node, "status": status}
-    if uncaught is not None:
-        note["uncaught"] = uncaught
-    write_bytes_atomic(path, json.dumps(note).encode() + b"\n")
-
-
-def ended(folder: JobFolder, requeue: int, nodes: tuple[str, ...]) -> dict[str, int]:
-    """The statuses the agents of ``nodes`` noted so far."""
-    found = {}
-    for node in nodes:
-        try:
-            found[node] = int(json.loads(folder.agent_end(requeue, node).read_text())["status"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return found
-
-
 def claim(folder: JobFolder, requeue: int, node: str, lost: str) -> str | None:
     """Take the supervisor's role for run ``requeue``: None when this node has it now,
     else the node that took it first. The note is written whole under a name of this
@@ -184,8 +161,8 @@ def after_agent(
     env: Mapping[str, str],
 ) -> int:
     """What a ``--no-kill`` job's agent does when its run has ended with ``status`` (and
-    is noted, see note_end): take the supervisor's role if the batch host is lost and no
-    other agent has. Returns the agent's exit status."""
+    is noted, hpclaunch.jobdir.agent_ends): take the supervisor's role if the batch host
+    is lost and no other agent has. Returns the agent's exit status."""
     folder = JobFolder(job_dir)
     if status in policy.STOPPED_STATUSES:
         return status  # a signal the supervisor passed on: it was there to act
@@ -331,10 +308,10 @@ class Deputy:
         """Every survivor's status, as their agents note them (within OTHERS_WAIT_S)."""
         others = tuple(n for n in self.job.nodes if n not in (self.node, self.lost))
         deadline = time.monotonic() + OTHERS_WAIT_S
-        found = ended(self.folder, self.requeue, others)
+        found = read_run(self.folder.root, self.requeue).ended(others)
         while len(found) < len(others) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
-            found = ended(self.folder, self.requeue, others)
+            found = read_run(self.folder.root, self.requeue).ended(others)
         missing = sorted(set(others) - set(found))
         if missing:
             self.say(

@@ -5,7 +5,7 @@ of the job's steps but not the batch script, so the supervisor gets nothing: sub
 ``job._interrupt()``, the documented way to try a job's checkpointing, sends SIGTERM and
 then SIGUSR2 that way. Every agent that such a signal stops ends with 128 + its number
 and notes that in the job folder (``agents/requeue-Q/node-HOST.json``, see
-``hpclaunch.recovery.deputy.note_end``). When the notes of every node of the step say
+``hpclaunch.jobdir.agent_ends``). When the notes of every node of the step say
 so, the supervisor takes the step as stopped by that signal: a warning signal (SIGUSR1,
 SIGUSR2) as the time-limit warning, SIGTERM or SIGINT as a preemption. No torch.
 """
@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.recovery.deputy import ended
+from hpclaunch.record.job_record import read_run
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def unseen(job_dir: Path | None, requeue: int, nodes: Sequence[str], step: Step)
     signal of its own, no agent killed), from the agents' notes; None otherwise."""
     if job_dir is None or not nodes or step.signals or step.died or step.srun_signal:
         return None
-    notes = ended(JobFolder(job_dir), requeue, tuple(nodes))
+    notes = read_run(job_dir, requeue).ended(tuple(nodes))
     sig = stopped_by(list(notes.values())) if len(notes) == len(nodes) else None
     if sig is not None:
         taken = "the time-limit warning" if sig in WARNINGS else "a preemption"

@@ -12,6 +12,7 @@ waits for the step to end (the workers checkpoint and exit), and then acts as
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,11 +23,14 @@ from hpclaunch.job.spec import (
     DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
 )
-from hpclaunch.jobdir import failures, hangs, history_store, lost_work, saves
+from hpclaunch.jobdir import failures, hangs, history_store, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
+from hpclaunch.record import checkpoints, lost_work
+from hpclaunch.record.attempts import of_job
+from hpclaunch.record.job_record import JobRecord, read_run
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.recovery import stepdeath, stops, verdicts
 from hpclaunch.recovery.deputy import stood_down
@@ -115,8 +119,8 @@ class Supervisor:
         if self.history is None or self.job_dir is None:
             return
         self.history.signal_lead_s = signal_lead_s
-        slowest = saves.slowest(JobFolder(self.job_dir).saves)
-        warning = saves.lead_warning(slowest, signal_lead_s) if slowest else None
+        slowest = saves.slowest(saves.read(JobFolder(self.job_dir).saves))
+        warning = checkpoints.lead_warning(slowest, signal_lead_s) if slowest else None
         if warning:
             log.warning("supervisor: %s", warning)
 
@@ -186,6 +190,9 @@ class Supervisor:
         """Decide what follows the step, act on it, record it; the exit status."""
         if self.job_dir and stood_down(self.job_dir, self.requeue_count):
             return result.status
+        if self.history is not None and len(self.history.runs) > 1:
+            # Where this run resumed is known now: what the run before it really lost.
+            self._say_lost_work(self.history.runs[:-1], resumed=True)
         unseen = stops.unseen(self.job_dir, self.requeue_count, job_nodes(self.env), result)
         if unseen is not None:  # every agent was stopped by a signal sent to the steps only
             result = replace(result, signals=(unseen,))
@@ -232,16 +239,19 @@ class Supervisor:
     def _examine(self, job_dir: Path) -> None:
         """Read the failure records (and test the shared folders) of a step that failed
         by itself: print the root cause, and the verdict where no node is to blame."""
-        records = failures.read(job_dir, self.requeue_count)
+        run = read_run(job_dir, self.requeue_count)
+        records = list(run.failures)
         shared = verdicts.shared(self.env, job_dir)
         self.finding = verdicts.examine(records, job_nodes(self.env), shared)
         self.finding = verdicts.hang_or_lost(self.finding, self.slurm, job_nodes(self.env))
         if self.finding.verdict is not failures.Verdict.HANG:  # a waiter's block misleads
-            culprit = failures.culprit(records, self.finding)
-            failures.print_block(job_dir, self.requeue_count, culprit)
+            block = run.block(failures.culprit(records, self.finding))
+            if block is not None:
+                sys.stderr.write(block)
+                sys.stderr.flush()
         found = [self.finding.verdict.value, *self.finding.nodes]
         log.info("supervisor: failure records: %s", " ".join(found))
-        for hung in hangs.first_hung(hangs.read_reports(JobFolder(job_dir), self.requeue_count)):
+        for hung in hangs.first_hung(run.hangs):
             log.error("supervisor: hang in %s", hangs.describe(hung))
         self.verdict = verdicts.explain(self.finding, self.job_id, job_dir, job_nodes(self.env))
 
@@ -292,21 +302,30 @@ class Supervisor:
             )
         return decision
 
-    def _say_lost_work(self, runs: Sequence[Run]) -> None:
-        """The steps the run after the last of ``runs`` repeats, from the progress the
-        agents noted and the checkpoints committed (hpclaunch.jobdir.lost_work)."""
-        if self.job_dir is None or self.history is None:
+    def _say_lost_work(self, runs: Sequence[Run], *, resumed: bool = False) -> None:
+        """What the run after the last of ``runs`` repeats, from the job record
+        (hpclaunch.record.lost_work): what its last checkpoint holds, or that it is not
+        known yet; with ``resumed`` (this run has ended), what this run showed of where it
+        resumed, once it is known."""
+        if self.job_dir is None or self.history is None or not runs:
             return
-        job, history = JobFolder(self.job_dir), self.history
-        ckpt_dir = Path(history.checkpoint_dir) if history.checkpoint_dir else job.checkpoints
-        told = [(r.requeue_count, r.started, r.ended) for r in runs]
         try:
-            lines = lost_work.batch_lines(job, ckpt_dir, told, bool(history.checkpoint_patterns))
+            record = JobRecord.read(self.job_dir, self.job_id)
         except OSError as exc:  # a view of the work, worth less than the requeue
             log.debug("supervisor: cannot tell the lost work: %s", exc)
             return
-        for line in lines:
-            log.warning("supervisor: %s", line)
+        last = runs[-1]
+        after = self.run.requeue_count if resumed and self.run is not None else None
+        attempts, saved = of_job(record), checkpoints.known(record)
+        told = [(last.requeue_count, last.ended, after)]
+        for loss in lost_work.of_runs(told, attempts, saved, False):
+            if resumed and not loss.final:
+                continue  # this run showed nothing more than the line at its start
+            log.warning("supervisor: lost work: %s", loss.text)
+        done = max((a.last_step or 0 for a in attempts.get(last.requeue_count, [])), default=0)
+        warning = lost_work.never_saved(saved, attempts, done)
+        if warning and not resumed and len(runs) == 1:
+            log.warning("supervisor: warning: %s", warning)
 
     def _by_slurm(self) -> requeue.Decision:
         if self._lost is None:

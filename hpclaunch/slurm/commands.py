@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from hpclaunch.errors import SlurmError, SlurmNotFound
 
 if TYPE_CHECKING:  # loaded by the lookups that build records; sbatch needs none
-    from hpclaunch.slurm.states import JobRecord
+    from hpclaunch.slurm.states import SlurmRecord
 
 DEFAULT_TIMEOUT_S = 60.0
 # scontrol's answer for a job it no longer remembers (ended longer ago than MinJobAge).
@@ -148,7 +148,7 @@ def parse_sbatch_parsable(stdout: str) -> SubmittedJob:
 class JobLookup:
     """SLURM's answer about one job: its record, or why there is none."""
 
-    record: JobRecord | None
+    record: SlurmRecord | None
     forgotten: bool = False  # scontrol: "Invalid job id", and sacct had no record
     not_on_path: bool = False  # SLURM's commands are not installed here
     scontrol_error: str | None = None  # the first line of what it printed
@@ -293,7 +293,7 @@ class Slurm:
         """``scontrol show job JOBID`` as KEY=VALUE pairs. Raises SlurmError."""
         return parse_show_job(self._run(("scontrol", "show", "job", str(job_id))).stdout)
 
-    def accounted_job(self, job_id: int | str) -> JobRecord | None:
+    def accounted_job(self, job_id: int | str) -> SlurmRecord | None:
         """The job's State, NodeList and ExitCode from ``sacct`` (None when sacct does not
         know it). Raises SlurmError, also where there is no accounting database."""
         argv = (
@@ -305,17 +305,17 @@ class Slurm:
             f"--jobs={job_id}",
         )
         lines = [line for line in self._run(argv).stdout.splitlines() if line.strip()]
-        from hpclaunch.slurm.states import JobRecord
+        from hpclaunch.slurm.states import SlurmRecord
 
-        return JobRecord.from_sacct(lines[-1], str(job_id)) if lines else None
+        return SlurmRecord.from_sacct(lines[-1], str(job_id)) if lines else None
 
     def lookup(self, job_id: int | str) -> JobLookup:
         """What SLURM says of the job: ``scontrol show job`` while slurmctld remembers
         it, else ``sacct``. Raises nothing: what could not be asked is in the answer."""
         try:
-            from hpclaunch.slurm.states import JobRecord
+            from hpclaunch.slurm.states import SlurmRecord
 
-            return JobLookup(JobRecord.from_scontrol(self.job_fields(job_id)))
+            return JobLookup(SlurmRecord.from_scontrol(self.job_fields(job_id)))
         except SlurmNotFound:
             return JobLookup(None, not_on_path=True)
         except SlurmError as exc:

@@ -101,7 +101,7 @@ class Source(enum.Enum):
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class SlurmRecord:
     """What SLURM says of one job. Every field is as printed (``state`` without sacct's
     ``by UID``); None where the command did not say."""
 
@@ -120,7 +120,7 @@ class JobRecord:
         return JobState.parse(self.state)
 
     @classmethod
-    def from_scontrol(cls, fields: Mapping[str, str]) -> JobRecord:
+    def from_scontrol(cls, fields: Mapping[str, str]) -> SlurmRecord:
         """From ``scontrol show job``'s KEY=VALUE pairs (see parse_show_job)."""
         restarts = fields.get("Restarts", "")
         reason = fields.get("Reason", "")
@@ -137,7 +137,7 @@ class JobRecord:
         )
 
     @classmethod
-    def from_sacct(cls, line: str, job_id: str) -> JobRecord:
+    def from_sacct(cls, line: str, job_id: str) -> SlurmRecord:
         """From one ``sacct --parsable2 --format=State,NodeList,ExitCode`` line."""
         state, nodes, exit_code = [*line.split("|"), "", "", ""][:3]
         words = state.split()  # "CANCELLED by 0"

@@ -17,6 +17,7 @@ from hpclaunch.jobdir import hangs
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.hangs import CHECK_S
 from hpclaunch.node.stacks import READ_TIMEOUT_S
+from hpclaunch.record.job_record import JobRecord
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.sandbox_fixture import Running
 from tests.integration.training_jobs import (
@@ -51,11 +52,17 @@ def hang_line(job: Job) -> dict[str, float]:
     return dict(json.loads(line))
 
 
+def all_hangs(job_dir: Path) -> list[hangs.HangReport]:
+    """Every run's hang reports, oldest first."""
+    record = JobRecord.read(job_dir, 0)
+    return [report for run in record.runs.values() for report in run.hangs]
+
+
 def check_one_restart(job: Job, uninterrupted: str) -> list[hangs.HangReport]:
     """The job ended as an uninterrupted run, after one restart in place from step 10;
     both nodes reported the hang of attempt 0, with the stacks of all their ranks."""
     check_restarted_in_place(job, uninterrupted)  # as after a crash: the same digest
-    reports = hangs.read_reports(JobFolder(job.job_dir))
+    reports = all_hangs(job.job_dir)
     assert sorted((r.attempt, r.node_rank) for r in reports) == [(0, 0), (0, 1)], reports
     for report in reports:
         stacks = hangs.from_sections(Path(report.stacks).read_text())
@@ -142,7 +149,7 @@ def test_no_progress_reports_and_a_long_first_step_are_not_hangs(
         jobs.append(submit_script(sandbox, tmp_path / name, script, options=WATCH))
     for job in jobs:
         assert job.wait_end() == "COMPLETED", job.log
-        assert hangs.read_reports(JobFolder(job.job_dir)) == []
+        assert all_hangs(job.job_dir) == []
         assert "hung" not in job.log
         attempts = JobFolder(job.job_dir).attempts()
         assert [(a.requeue, a.attempt) for a in attempts] == [(0, 0)]
@@ -164,10 +171,7 @@ def test_a_node_that_hangs_every_time_is_kept_out_of_the_requeue(
     assert job.history() == [(0, "bad nodes", "requeue"), (1, "completed", "none")]
     assert digest_of(job) == uninterrupted
     # Two hangs on the first run, each begun on the hanging node; then no more restarts.
-    named = [
-        (f.requeue, f.attempt, f.node)
-        for f in hangs.first_hung(hangs.read_reports(JobFolder(job.job_dir)))
-    ]
+    named = [(f.requeue, f.attempt, f.node) for f in hangs.first_hung(all_hangs(job.job_dir))]
     assert named == [(0, 0, hanging), (0, 1, hanging)]
     assert "hangs began on this node 2 times: not restarting its workers again" in job.log
     assert f"supervisor: failure records: errors on some nodes only {hanging}" in job.log

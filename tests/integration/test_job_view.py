@@ -2,7 +2,8 @@
 many, the rate, the time left and the loss in ``status --follow``; why the worker group
 restarted in place (rank, node, error, attempts numbered from 0); and, when a run is
 requeued after steps its last checkpoint does not hold, how many steps the next run
-repeats, the same number in ``status``, ``--follow`` and the batch log."""
+repeats, the same number in ``status``, ``--follow`` and the batch log, as the next run
+showed it resumed."""
 
 from __future__ import annotations
 
@@ -135,18 +136,26 @@ def test_a_requeue_says_how_many_steps_the_next_run_repeats(
     lines = followed(follower)
     said = [line for line in lines if line.startswith("lost work: run 0 did ")]
     assert len(said) == 1, lines
+    # Said once run 1 has shown where it resumed: a fact, not a forecast.
     found = re.fullmatch(
-        r"lost work: run 0 did (\d+) steps; its last checkpoint \(step (\d+)\) holds (\d+): "
-        r"the next run repeats (\d+) steps?",
+        r"lost work: run 0 did (\d+) steps; run 1 resumed from step (\d+) \(its hpclaunch "
+        r"checkpoint\): it repeated (\d+) steps?",
         said[0],
     )
     assert found, said
-    steps, index, holds, repeats = map(int, found.groups())
-    assert holds == index + 1 and holds == 150 and repeats == steps - holds > 0, said
+    steps, holds, repeats = map(int, found.groups())
+    assert holds == 150 and repeats == steps - holds > 0, said
     text = said[0].removeprefix("lost work: ")
     assert f"lost work:       {text}" in job.status()
-    assert f"supervisor: lost work: {text}" in job.log
+    # The batch log says it too: at run 1's start from the checkpoint run 0 left, at its
+    # end as run 1 showed it.
+    forecast = (
+        f"supervisor: lost work: run 0 did {steps} steps; its last checkpoint (step 149) "
+        f"holds 150: a run that resumes from it repeats {repeats} steps"
+    )
+    assert forecast in job.log and f"supervisor: lost work: {text}" in job.log, job.log
     [loss] = status_json(job)["lost_work"]  # type: ignore[misc]
-    assert loss["requeue"] == 0 and loss["repeats"] == repeats
+    assert (loss["requeue"], loss["repeats"], loss["resumed"]) == (0, repeats, holds)
+    assert loss["resumed_by"] == "checkpoint" and loss["final"]
     # The resumed run started where the checkpoint left off: what was said is what it did.
     assert [s["step"] for s in job.lines("START")] == [0, holds]

@@ -1,5 +1,6 @@
 """A node's hang watch logs each attempt's begin, first step and end into the job
-folder (hpclaunch.jobdir.attempts), from the workers' real progress files."""
+folder (hpclaunch.jobdir.attempts), from the workers' real progress files, and the
+job record merges them into attempts (hpclaunch.record.attempts)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import time
 from pathlib import Path
 
 from hpclaunch import progress
-from hpclaunch.jobdir import attempts, goodput
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.hangs import HangTimeout, Watch
+from hpclaunch.record import attempts
+from hpclaunch.record.job_record import read_run
 
 
 def test_the_watch_logs_begin_first_step_and_end_of_each_attempt(tmp_path: Path) -> None:
@@ -25,7 +27,7 @@ def test_the_watch_logs_begin_first_step_and_end_of_each_attempt(tmp_path: Path)
     boards[0].beat(step=None)
     watch.ended()
     watch.begin(1, {0: 0, 1: 1})
-    found = attempts.read(job, 2)
+    found = read_run(job.root, 2).events
     assert [(e.attempt, e.event) for e in found] == [
         (0, "begin"),
         (0, "first"),
@@ -36,5 +38,6 @@ def test_the_watch_logs_begin_first_step_and_end_of_each_attempt(tmp_path: Path)
     assert before <= begin.time <= first.time <= end.time <= time.time() + 0.01
     assert (first.step, end.step) == (1, 1)  # the lowest rank's: rank 1 did one step
     assert end.step_time is not None and first.time <= end.step_time <= end.time + 0.01
-    merged = goodput.merge(2, found)
+    merged = attempts.of_run(read_run(job.root, 2), first_of_job=False)
     assert [a.attempt for a in merged] == [0, 1] and merged[1].first is None
+    assert merged[0].samples[0] == (first.time, 1) and not merged[0].job_count

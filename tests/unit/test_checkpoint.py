@@ -12,6 +12,7 @@ from hpclaunch import checkpoint
 from hpclaunch.checkpoint import Checkpoint, CheckpointError, group, store
 from hpclaunch.checkpoint.state import find_sharded
 from hpclaunch.jobdir import saves
+from hpclaunch.record import checkpoints
 
 
 def test_directory_comes_from_the_environment(
@@ -163,7 +164,7 @@ def test_a_stateful_object_is_found_where_one_writer_would_miss_its_shards() -> 
 
 def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint-saves.jsonl"
-    assert saves.last(path) is None
+    assert saves.read(path) == []
     for step, total in ((10, 4.0), (20, 9.5), (30, 2.0)):
         saves.append(
             path,
@@ -180,17 +181,18 @@ def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
         )
     with open(path, "a") as handle:
         handle.write('{"step": 40, "torn')  # a torn last line is skipped
-    last = saves.last(path)
-    assert last is not None and last.step == 30
+    records = saves.read(path)
+    last = records[-1]
+    assert last.step == 30 and len(records) == 3
     assert last.describe() == (
         "step 30: 1.5 GiB sharded by 4 ranks, asynchronous, blocked training 0.25 s, "
         "committed after 2.00 s"
     )
-    slowest = saves.slowest(path)
+    slowest = saves.slowest(records)
     assert slowest is not None and slowest.step == 20
-    assert saves.lead_warning(slowest, signal_lead_s=120) is None
+    assert checkpoints.lead_warning(slowest, signal_lead_s=120) is None
     # The workers get three quarters of the lead: 7 s of 10, less than the 9.5 s it took.
-    warning = saves.lead_warning(slowest, signal_lead_s=10)
+    warning = checkpoints.lead_warning(slowest, signal_lead_s=10)
     assert warning == (
         "the checkpoint save of step 20 took 9.5 s, but after the time-limit warning "
         "(--signal-lead 10 s) the workers get 7 s: a save on the warning would not finish; "

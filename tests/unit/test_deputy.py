@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from hpclaunch.jobdir import agent_ends
+from hpclaunch.jobdir.agent_ends import AgentEnd
 from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.record.job_record import read_run
 from hpclaunch.recovery import deputy
 from hpclaunch.recovery.deputy import JobView, lost_batch_host
 from hpclaunch.slurm import libslurm
@@ -93,11 +96,11 @@ def test_the_supervisor_stands_down_only_for_its_own_run(tmp_path: Path) -> None
 
 def test_the_agents_ends_are_read_back_by_node(tmp_path: Path) -> None:
     folder = JobFolder(tmp_path)
-    deputy.note_end(folder, 0, "n2", 0)
-    deputy.note_end(folder, 0, "n3", 1)
+    agent_ends.write(folder, 0, AgentEnd("n2", 0))
+    agent_ends.write(folder, 0, AgentEnd("n3", 1))
     folder.agent_end(0, "n4").write_text("{not json")
-    assert deputy.ended(folder, 0, ("n2", "n3", "n4", "n5")) == {"n2": 0, "n3": 1}
-    assert deputy.ended(folder, 1, ("n2",)) == {}
+    assert read_run(tmp_path, 0).ended(("n2", "n3", "n4", "n5")) == {"n2": 0, "n3": 1}
+    assert read_run(tmp_path, 1).ended(("n2",)) == {}
 
 
 def test_a_job_stopped_by_a_signal_is_left_to_its_supervisor(tmp_path: Path) -> None:

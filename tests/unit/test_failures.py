@@ -11,6 +11,7 @@ from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.failures import Finding, NodeRecord, Verdict, WorkerFailure, classify
 from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.joblogs import Failure
+from hpclaunch.record.job_record import read_run
 from hpclaunch.recovery.policy import Decision, Situation, decide
 
 PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:3344."
@@ -76,8 +77,8 @@ def test_records_round_trip_and_messages(tmp_path: Path) -> None:
     path = failures.write(tmp_path, record)
     assert path == tmp_path / "failures" / "requeue-0" / "attempt-2" / "node-n2.json"
     (path.parent / "node-n9.json").write_text("{broken")  # skipped, not fatal
-    assert failures.read(tmp_path, 0) == [record]
-    assert failures.read(tmp_path, 1) == []
+    assert read_run(tmp_path, 0).failures == (record,)
+    assert read_run(tmp_path, 1).failures == ()
 
 
 def test_decide_with_findings() -> None:

@@ -1,6 +1,7 @@
 """Checkpoints a job writes its own way (--checkpoint-pattern, and the Lightning
 callback's folder): the search on plain files with set mtimes, what `hpclaunch status`
-makes of it next to hpclaunch's own checkpoints, and the option's validation."""
+makes of it next to hpclaunch's own checkpoints (a file older than the job is not the
+job's), and the option's validation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,8 +19,8 @@ from hpclaunch.cli.format import render_status
 from hpclaunch.errors import SpecError
 from hpclaunch.job.spec import JobSpec
 from hpclaunch.jobdir import found_checkpoints
-from hpclaunch.jobdir.found_checkpoints import Found, absolute, base_folder, defaults, newest
-from hpclaunch.jobdir.history import History
+from hpclaunch.jobdir.found_checkpoints import Found, absolute, base_folder, search
+from hpclaunch.jobdir.history import History, Run
 from hpclaunch.ops.follow import changes
 from hpclaunch.ops.status import JobStatus, gather
 from hpclaunch.recovery.supervisor import supervise
@@ -46,25 +46,42 @@ def test_the_newest_match_of_any_pattern_wins(tmp_path: Path) -> None:
     touch(tmp_path / "ckpt" / "b" / "c" / "epoch=3.ckpt.tmp", 1300.0)  # a save in progress
     touch(tmp_path / "ckpt" / "b" / ".epoch=4.ckpt", 1400.0)  # written before its rename
     patterns = [str(tmp_path / "run" / "snapshot.pt"), str(tmp_path / "ckpt" / "**" / "*ckpt*")]
-    assert newest(patterns) == found_checkpoints.Search(Found(deep, 1200.0))
-    assert newest(patterns[:1]).newest == Found(tmp_path / "run" / "snapshot.pt", 1000.0)
-    assert newest([str(tmp_path / "absent" / "*.pt")]) == found_checkpoints.Search(None)
+    assert search(patterns).newest() == Found(deep, 1200.0)
+    assert [f.written for f in search(patterns).found] == [1000.0, 1100.0, 1200.0]
+    assert search(patterns).newest(since=1150.0) == Found(deep, 1200.0)
+    assert search(patterns[:1]).newest(since=1150.0) is None  # older than the job
+    assert search(patterns[:1]).newest() == Found(tmp_path / "run" / "snapshot.pt", 1000.0)
+    assert search([str(tmp_path / "absent" / "*.pt")]) == found_checkpoints.Search()
 
 
 def test_a_folder_can_be_the_checkpoint_and_ties_go_to_the_greater_name(tmp_path: Path) -> None:
     touch(tmp_path / "step-1", 500.0, folder=True)
     touch(tmp_path / "step-2", 500.0, folder=True)
-    assert newest([str(tmp_path / "step-*")]).newest == Found(tmp_path / "step-2", 500.0)
+    assert search([str(tmp_path / "step-*")]).newest() == Found(tmp_path / "step-2", 500.0)
 
 
 def test_the_lightning_callbacks_folder_is_always_looked_at(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt[1]"  # glob characters in the folder match only themselves
+    folder = job_folder(tmp_path, [], {})
+    ckpt = folder / "ckpt"
     touch(ckpt / "lightning" / "step-000000000010.ckpt", 10.0)
     touch(ckpt / "lightning" / "step-000000000020.ckpt.tmp", 20.0)
     touch(ckpt / "lightning" / "last.ckpt", 30.0)  # not the callback's name
-    assert newest(defaults(ckpt)).newest == Found(
-        ckpt / "lightning" / "step-000000000010.ckpt", 10.0
-    )
+    status = status_of(folder)
+    assert status.last_checkpoint == str(ckpt / "lightning" / "step-000000000010.ckpt")
+
+
+def test_a_file_older_than_the_job_is_not_its_checkpoint(tmp_path: Path) -> None:
+    """A snapshot left by an earlier job, matching the pattern: not this job's."""
+    snapshot = str(tmp_path / "run" / "snapshot.pt")
+    folder = job_folder(tmp_path, [snapshot], {})
+    history = History.load(folder, JOB)
+    history.runs.append(Run(0, "n1", 5000.0, None))
+    history.save(folder)
+    touch(Path(snapshot), 1000.0)
+    assert status_of(folder).found_checkpoint is None
+    assert "last checkpoint: none yet" in render_status(status_of(folder))
+    os.utime(snapshot, (5100.0, 5100.0))  # the job wrote it
+    assert status_of(folder).found_checkpoint == snapshot
 
 
 def test_relative_patterns_start_from_the_submit_folder() -> None:
@@ -90,16 +107,14 @@ def test_the_folder_a_pattern_starts_from(pattern: str, base: str) -> None:
     assert base_folder(pattern) == base
 
 
-def refusing(locked: Path) -> found_checkpoints.Scandir:
-    """os.scandir, but ``locked`` cannot be listed (as for a user without its read
+def refusing(locked: Path) -> found_checkpoints.Listable:
+    """Every folder but ``locked`` can be listed (as for a user without its read
     permission: the tests may run as root, who reads any folder)."""
 
-    def scandir(folder: str) -> Any:
-        if Path(folder) == locked:
-            raise PermissionError(13, "Permission denied", folder)
-        return os.scandir(folder)
+    def can_list(folder: str) -> bool:
+        return Path(folder) != locked
 
-    return scandir
+    return can_list
 
 
 def test_an_unreadable_folder_is_a_note(tmp_path: Path) -> None:
@@ -107,9 +122,9 @@ def test_an_unreadable_folder_is_a_note(tmp_path: Path) -> None:
     touch(locked / "snapshot.pt", 1.0)
     touch(tmp_path / "open" / "other.pt", 2.0)
     patterns = [str(locked / "*.pt"), str(tmp_path / "open" / "*.pt")]
-    search = newest(patterns, refusing(locked))
-    assert search.newest == Found(tmp_path / "open" / "other.pt", 2.0)
-    assert search.notes == (
+    found = search(patterns, refusing(locked))
+    assert found.newest() == Found(tmp_path / "open" / "other.pt", 2.0)
+    assert found.notes == (
         f"checkpoint folder {locked} (of {locked}/*.pt) cannot be read: Permission denied",
     )
 

@@ -1,57 +1,60 @@
-"""The goodput split (hpclaunch.jobdir.goodput) from plain data: each part where it
-belongs, and the parts adding up to the wall time whatever the clocks say."""
+"""The goodput split (hpclaunch.record.goodput) from plain data: each part where it
+belongs, training whose fate hpclaunch did not see as ``unknown`` rather than ``lost``,
+and the parts adding up to the wall time whatever the clocks say."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from pathlib import Path
 
 import pytest
 
-from hpclaunch.jobdir import attempts, goodput
-from hpclaunch.jobdir.goodput import RunTimes, Save
-from hpclaunch.jobdir.hangs import NodeProgress, RankProgress
+from hpclaunch.jobdir import attempts as events
+from hpclaunch.jobdir.history import History, Run
+from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.record import goodput
+from hpclaunch.record.attempts import Attempt
+from hpclaunch.record.checkpoints import Kind, Saved
+from hpclaunch.record.goodput import RunTimes
+from hpclaunch.record.job_record import JobRecord
 
 
-def events(*rows: dict[str, object]) -> list[attempts.AttemptEvent]:
-    return attempts.parse(json.dumps(row) for row in rows)
-
-
-def run_attempts(requeue: int, *rows: dict[str, object]) -> list[goodput.Attempt]:
-    return goodput.merge(requeue, events(*rows))
-
-
-Row = dict[str, object]
-
-
-def node(
-    attempt: int,
-    begin: float,
+def attempt(
+    requeue: int,
+    number: int,
+    began: float,
     first: float | None,
-    end: float | None = None,
+    ended: float | None = None,
     last: float | None = None,
-    host: str = "n1",
-    step: int = 5,
-) -> list[Row]:
-    rows: list[dict[str, object]] = [
-        {"node": host, "attempt": attempt, "event": "begin", "time": begin}
-    ]
-    if first is not None:
-        rows.append({"node": host, "attempt": attempt, "event": "first", "time": first, "step": 1})
-    if end is not None:
-        rows.append(
-            {
-                "node": host,
-                "attempt": attempt,
-                "event": "end",
-                "time": end,
-                "step": step,
-                "step_time": last,
-            }
-        )
-    return rows
+    *,
+    steps: tuple[int, int] = (1, 5),
+    resumed: int | None = None,
+    job_count: bool = True,
+    samples: tuple[tuple[float, int], ...] = (),
+) -> Attempt:
+    """An attempt that did steps ``steps[0]..steps[1]`` (steps done) from ``first`` to
+    ``last``, at an even rate unless ``samples`` say otherwise."""
+    if first is not None and last is not None and not samples:
+        samples = ((first, steps[0]), (last, steps[1]))
+    return Attempt(
+        requeue,
+        number,
+        began,
+        first,
+        steps[0] if first is not None else None,
+        last,
+        steps[1] if last is not None else None,
+        ended,
+        resumed,
+        "checkpoint" if resumed is not None else None,
+        job_count,
+        samples,
+    )
+
+
+def save(called: float, blocked: float, steps: int | None = None) -> Saved:
+    return Saved(Kind.HPCLAUNCH, f"step {steps}", called + blocked, steps, called, blocked)
 
 
 def parts(found: goodput.Timeline | None) -> dict[str, float]:
@@ -64,35 +67,101 @@ def parts(found: goodput.Timeline | None) -> dict[str, float]:
 
 
 def test_one_run_that_completed() -> None:
-    runs = [RunTimes(**{"requeue": 0, "started": 10, "ended": 100, "reason": "completed"})]
-    found = {0: run_attempts(0, *node(0, 12, 20, 95, 90))}
+    runs = [RunTimes(0, 10, 100, "completed", "none")]
+    found = {0: [attempt(0, 0, 12, 20, 95, 90)]}
     split = goodput.timeline(runs, found, [], set(), submitted=0, now=500, final=True)
     assert parts(split) == {"queue": 10, "startup": 10, "productive": 70, "shutdown": 10}
     assert split is not None and split.split.ratio == 0.7 and split.split.wall_s == 100
+    assert split.split.line() == (
+        "70.0 % of 1 min 40 s: queue 10 s, startup 10 s, productive 1 min 10 s, shutdown 10 s"
+    )
 
 
-def test_a_lost_node_requeues_and_the_steps_after_the_checkpoint_are_lost() -> None:
-    runs = [RunTimes(0, 10, 60, "bad nodes"), RunTimes(1, 70, 120, "completed")]
+def test_the_next_run_s_resume_point_tells_what_was_lost() -> None:
+    """Run 0 did steps 1..41 from 20 to 60 s; run 1 showed it resumed from step 21, which
+    run 0 passed at 40 s: 40 -> 60 was done twice."""
+    runs = [RunTimes(0, 10, 65, "bad nodes", "requeue"), RunTimes(1, 70, 120, "completed")]
     found = {
-        0: run_attempts(0, *node(0, 12, 20, 55, 50), *node(0, 12, 21, host="n2")),
-        1: run_attempts(1, *node(0, 72, 80, 118, 115)),
+        0: [attempt(0, 0, 12, 20, 62, 60, steps=(1, 41))],
+        1: [attempt(1, 0, 72, 80, 118, 115, steps=(22, 60), resumed=21)],
     }
-    saved = [Save(step=10, called=30, blocked_s=2)]
-    split = goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True)
+    split = goodput.timeline(runs, found, [], set(), submitted=0, now=500, final=True)
     assert parts(split) == {
-        "queue": 20,
+        "queue": 15,
         "startup": 20,
-        "productive": 45,
-        "checkpoint": 2,
-        "lost": 18,
-        "restarts": 10,
+        "productive": 20 + 35,
+        "lost": 20,
+        "restarts": 5,
         "shutdown": 5,
     }
 
 
+def test_a_run_resumed_from_an_unseen_step_has_its_training_unknown_not_lost() -> None:
+    """A script that checkpoints its own way and restores no count hpclaunch sees: what
+    run 0 did is neither productive nor lost as far as hpclaunch knows."""
+    runs = [
+        RunTimes(0, 10, 65, "requeued by SLURM", "SLURM requeues"),
+        RunTimes(1, 70, 120, "completed"),
+    ]
+    found = {
+        0: [attempt(0, 0, 12, 20, 62, 60, steps=(1, 41))],
+        1: [attempt(1, 0, 72, 80, 118, 115, steps=(1, 36), job_count=False)],
+    }
+    split = goodput.timeline(runs, found, [], set(), submitted=0, now=500, final=True)
+    got = parts(split)
+    assert got["unknown"] == 40 and "lost" not in got and got["productive"] == 35
+    assert split is not None and split.split.ratio_max == pytest.approx(75 / 120, abs=1e-3)
+    assert split.split.line().startswith("29.2 % to 62.5 % of 2 min 00 s: ")
+    assert "unknown 40 s" in split.split.line()
+
+
+def test_hpclaunch_saves_tell_while_the_next_run_has_not_resumed() -> None:
+    runs = [RunTimes(0, 10, 60, "bad nodes", "requeue")]
+    found = {0: [attempt(0, 0, 12, 20, 55, 50)]}
+    saved = [save(called=30, blocked=2, steps=11)]
+    split = goodput.timeline(runs, found, saved, set(), submitted=0, now=100, final=False)
+    assert parts(split) == {
+        "queue": 10 + 40,
+        "startup": 10,
+        "productive": 10,
+        "checkpoint": 2,
+        "lost": 18,
+        "restarts": 10,
+    }
+
+
+def test_a_next_run_that_stepped_without_resuming_through_hpclaunch_makes_its_saves_no_proof() -> (
+    None
+):
+    runs = [RunTimes(0, 10, 60, "bad nodes", "requeue"), RunTimes(1, 70, 120, "completed")]
+    found = {
+        0: [attempt(0, 0, 12, 20, 55, 50)],
+        1: [attempt(1, 0, 72, 80, 118, 115, job_count=False)],
+    }
+    saved = [save(called=30, blocked=2, steps=11)]
+    got = parts(goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True))
+    assert got["unknown"] == 30 and "lost" not in got
+
+
+def test_a_file_matching_the_pattern_tells_by_its_time() -> None:
+    runs = [RunTimes(0, 10, 60, "bad nodes", "requeue"), RunTimes(1, 70, 120, "completed")]
+    found = {
+        0: [attempt(0, 0, 12, 20, 55, 50)],
+        1: [attempt(1, 0, 72, 80, 118, 115, job_count=False)],
+    }
+    own = [Saved(Kind.PATTERN, "/w/snapshot.pt", 44.0, None, 44.0)]
+    got = parts(goodput.timeline(runs, found, own, set(), submitted=0, now=500, final=True))
+    assert got["lost"] == 6 and "unknown" not in got
+
+
 def test_an_in_place_restart_after_a_hang() -> None:
-    runs = [RunTimes(0, 0, 100, "completed")]
-    found = {0: run_attempts(0, *node(0, 2, 10, 50, 40), *node(1, 52, 60, 97, 95))}
+    runs = [RunTimes(0, 0, 100, "completed", "none")]
+    found = {
+        0: [
+            attempt(0, 0, 2, 10, 50, 40, steps=(1, 30)),
+            attempt(0, 1, 52, 60, 97, 95, steps=(1, 30), resumed=0),
+        ]
+    }
     split = goodput.timeline(runs, found, [], {(0, 0)}, submitted=None, now=500, final=True)
     assert parts(split) == {
         "startup": 10,
@@ -108,46 +177,29 @@ def test_an_in_place_restart_after_a_hang() -> None:
 
 def test_a_running_job_trains_until_now() -> None:
     runs = [RunTimes(0, 50, None)]
-    found = {0: run_attempts(0, *node(0, 52, 60))}
+    found = {0: [attempt(0, 0, 52, 60)]}
     split = goodput.timeline(runs, found, [], set(), submitted=40, now=200, final=False)
     assert parts(split) == {"queue": 10, "startup": 10, "productive": 140}
 
 
-def test_a_requeued_job_waits_in_the_queue_until_now() -> None:
-    runs = [RunTimes(0, 10, 100, "requeued by SLURM")]
-    found = {0: run_attempts(0, *node(0, 12, 20, 90, 80))}
+def test_a_requeued_job_waiting_for_its_next_run_has_unknown_training_without_checkpoints() -> None:
+    runs = [RunTimes(0, 10, 100, "requeued by SLURM", "SLURM requeues")]
+    found = {0: [attempt(0, 0, 12, 20, 90, 80)]}
     split = goodput.timeline(runs, found, [], set(), submitted=0, now=150, final=False)
-    # No later attempt yet: the unsaved steps are not (yet) repeated.
-    assert parts(split) == {"queue": 60, "startup": 10, "productive": 60, "restarts": 20}
+    assert parts(split) == {"queue": 60, "startup": 10, "unknown": 60, "restarts": 20}
 
 
-def test_a_run_without_a_step_is_all_start_up() -> None:
-    runs = [RunTimes(0, 10, 40, "failed")]
-    found = {0: run_attempts(0, *node(0, 12, None, 30))}
-    assert parts(goodput.timeline(runs, found, [], set(), 5, 99, True)) == {
-        "queue": 5,
-        "startup": 30,
-    }
+def test_a_job_that_never_showed_a_step_has_no_ratio() -> None:
+    runs = [RunTimes(0, 10, 40, "completed", "none")]
+    found = {0: [attempt(0, 0, 12, None, 30)]}
+    split = goodput.timeline(runs, found, [], set(), 5, 99, True)
+    assert parts(split) == {"queue": 5, "unknown": 30}
+    assert split is not None and split.split.ratio is None
+    assert split.split.line().startswith("unknown: no training step was seen in 35 s")
 
 
 def test_no_run_no_split() -> None:
     assert goodput.timeline([], {}, [], set(), 0, 10, False) is None
-
-
-def test_a_lost_node_s_last_step_comes_from_its_progress_note() -> None:
-    found = run_attempts(0, *node(0, 12, 20))
-    note = NodeProgress("n1", 0, time=50, ranks=(RankProgress(0, 42, 1.0, 1.0, idle_s=4),))
-    merged = goodput.with_notes(found, [note])
-    assert (merged[0].last, merged[0].last_step) == (46, 42)
-    assert goodput.with_notes(found, [NodeProgress("n1", 3, 50)]) == found
-
-
-def test_merge_takes_the_earliest_end_and_the_lowest_last_step() -> None:
-    found = run_attempts(
-        0, *node(0, 12, 20, 55, 50, step=9), *node(0, 11, 21, 57, 52, host="n2", step=8)
-    )
-    assert found == [goodput.Attempt(0, 0, 11, 20, 1, 52, 8, 55)]
-    assert attempts.parse(["not json", '{"node": "n1"}', "[]"]) == []
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -158,26 +210,39 @@ def test_the_parts_add_up_whatever_the_clocks_say(seed: int) -> None:
         return rng.uniform(0, 1000)
 
     runs = [
-        RunTimes(q, t(), rng.choice([None, t()]), rng.choice(["completed", "failed"]))
+        RunTimes(
+            q,
+            t(),
+            rng.choice([None, t()]),
+            rng.choice(["completed", "failed"]),
+            rng.choice([None, "none", "requeue"]),
+        )
         for q in range(rng.randint(1, 3))
     ]
     found = {
-        r.requeue: run_attempts(
-            r.requeue,
-            *[row for a in range(rng.randint(0, 3)) for row in node(a, t(), t(), t(), t())],
-        )
+        r.requeue: [
+            attempt(
+                r.requeue,
+                a,
+                t(),
+                rng.choice([None, t()]),
+                t(),
+                t(),
+                steps=(rng.randint(1, 9), rng.randint(9, 99)),
+                resumed=rng.choice([None, rng.randint(0, 120)]),
+                job_count=rng.random() < 0.5,
+            )
+            for a in range(rng.randint(0, 3))
+        ]
         for r in runs
     }
-    saved = [Save(1, t(), rng.uniform(0, 50)) for _ in range(rng.randint(0, 4))]
+    saved = sorted(
+        [save(t(), rng.uniform(0, 50), rng.choice([None, 7])) for _ in range(rng.randint(0, 4))],
+        key=lambda s: s.time,
+    )
     hung = {(0, 0)} if rng.random() < 0.5 else set()
     split = goodput.timeline(
-        runs,
-        found,
-        sorted(saved, key=lambda s: s.called),
-        hung,
-        rng.choice([None, t()]),
-        now=t(),
-        final=rng.random() < 0.5,
+        runs, found, saved, hung, rng.choice([None, t()]), now=t(), final=rng.random() < 0.5
     )
     parts(split)
     assert split is not None and all(v >= 0 for v in split.split.parts().values())
@@ -189,40 +254,54 @@ def test_durations_read_as_people_say_them() -> None:
 
 def test_a_lightning_checkpoint_keeps_the_steps_before_it(tmp_path: Path) -> None:
     """StopCheckpoint notes no save record: its checkpoint file's time holds the steps."""
-    from hpclaunch.jobdir.history import History, Run
-    from hpclaunch.jobdir.layout import JobFolder
-
     job = JobFolder(tmp_path)
     runs = [
         Run(0, "n1", 10.0, 60.0, reason="bad nodes", action="requeue"),
         Run(1, "n1", 70.0, 120.0, reason="completed", action="none"),
     ]
-    history = History(7, 3, runs)
-    history.save(tmp_path)
-    for requeue, rows in ((0, node(0, 12, 20, 55, 50)), (1, node(0, 72, 80, 118, 115))):
-        for row in rows:
-            attempts.append(job, requeue, attempts.AttemptEvent(**row))  # type: ignore[arg-type]
+    History(7, 3, runs).save(tmp_path)
+    rows = {
+        0: [
+            (events.BEGIN, 12.0, None, None),
+            (events.FIRST, 20.0, 1, None),
+            (events.STEP, 45.0, 40, None),
+            (events.END, 55.0, 50, 50.0),
+        ],
+        1: [
+            (events.BEGIN, 72.0, None, None),
+            (events.FIRST, 80.0, 41, None),
+            (events.END, 118.0, 80, 115.0),
+        ],
+    }
+    for requeue, found in rows.items():
+        for event, at, step, step_time in found:
+            # Run 1 resumed from the Lightning checkpoint of global step 40.
+            resumed, how = (
+                (40, "lightning") if requeue == 1 and event == events.FIRST else (None, None)
+            )
+            row = events.AttemptEvent("n1", 0, event, at, step, step_time, resumed, how)
+            events.append(job, requeue, row)
     lightning = job.checkpoints / "lightning"
     lightning.mkdir(parents=True)
     ckpt = lightning / "step-000000000040.ckpt"
     ckpt.write_bytes(b"x")
     os.utime(ckpt, (45.0, 45.0))
-    found = parts(goodput.of_folder(tmp_path, 7, 0.0, now=500.0, final=True))
+    found = parts(goodput.of_record(JobRecord.read(tmp_path, 7), 0.0, now=500.0, final=True))
     assert found["lost"] == pytest.approx(5.0)  # 45 -> 50, not the whole run's 20 -> 50
 
 
 def test_a_save_after_the_last_noted_step_keeps_the_training_before_it() -> None:
     """A lost node's run notes no end: its last note (here at 40) is older than its last
     save (called at 50), so training went on at least until the save."""
-    runs = [RunTimes(0, 10, 60, "requeued by SLURM"), RunTimes(1, 70, 120, "completed")]
+    runs = [
+        RunTimes(0, 10, 60, "requeued by SLURM", "SLURM requeues"),
+        RunTimes(1, 70, 120, "completed", "none"),
+    ]
     found = {
-        0: run_attempts(0, *node(0, 12, 20)),
-        1: run_attempts(1, *node(0, 72, 80, 118, 115)),
+        0: [attempt(0, 0, 12, 20, None, 40, steps=(1, 30))],
+        1: [attempt(1, 0, 72, 80, 118, 115, steps=(41, 60), resumed=40)],
     }
-    found[0] = goodput.with_notes(
-        found[0], [NodeProgress("n1", 0, 45.0, (RankProgress(0, 30, 1.0, 0.3, 5.0),))]
-    )
-    saved = [Save(step=39, called=50, blocked_s=1)]
+    saved = [save(called=50, blocked=1, steps=40)]
     split = goodput.timeline(runs, found, saved, set(), submitted=0, now=500, final=True)
     got = parts(split)
     assert got["productive"] == pytest.approx(30 + 35) and got["checkpoint"] == 1

@@ -17,7 +17,6 @@ from hpclaunch.jobdir.failures import (
     classify,
 )
 from hpclaunch.node.hangs import FLOOR_S, MULTIPLE, HangTimeout, Seen, evidence, judge
-from hpclaunch.ops import training
 from hpclaunch.progress import Progress
 
 
@@ -147,24 +146,6 @@ def test_ranks_named_on_two_nodes_name_no_rank() -> None:
     assert hangs.began_on(reports) is None
     [first] = hangs.first_hung(reports)
     assert first.rank is None and "ranks 0,2 were not waiting" in hangs.describe(first)
-
-
-def note(node: str, rate: float) -> hangs.NodeProgress:
-    return hangs.NodeProgress(node, 1, 100.0, (hangs.RankProgress(0, 40, rate, 0.3, 0.1),))
-
-
-def test_status_names_a_slow_node_only_when_its_rate_differs() -> None:
-    def progress_line(notes: list[hangs.NodeProgress], now: float) -> str | None:
-        found = training.of_notes(notes, now)
-        return training.line(found, now) if found else None
-
-    line = progress_line([note("n1", 4.0), note("n2", 4.1)], now=102.0)
-    assert line == "step 40, 4.00 steps/s (attempt 1, noted 2 s ago)"
-    line = progress_line([note("n1", 4.0), note("n2", 2.0)], now=102.0)
-    assert line is not None and line.endswith("; slowest node n2 (0.500 s/step, the others 0.250)")
-    assert progress_line([], now=1.0) is None
-    stuck = progress_line([note("n1", 4.0)], now=135.0)  # idle 0.1 s + noted 35 s ago
-    assert stuck == "step 40, no step for 35 s, 4.00 steps/s (attempt 1, noted 35 s ago)"
 
 
 EXITING = """\

@@ -12,7 +12,7 @@ import pytest
 
 from hpclaunch.jobdir.history import Action, History, Reason, finish
 from hpclaunch.jobdir.history_store import LOCK_NAME, LOST_NOTE, merge, save_run
-from hpclaunch.ops.status import _from_folder
+from hpclaunch.ops.status import gather
 from hpclaunch.recovery.policy import Decision
 from hpclaunch.recovery.supervisor import Supervisor
 from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
@@ -116,11 +116,9 @@ def test_a_stale_supervisor_finishing_last_keeps_every_run(tmp_path: Path) -> No
 
 
 def test_status_shows_the_lost_run(tmp_path: Path) -> None:
-    from hpclaunch.ops.status import JobStatus
 
     test_a_stale_supervisor_finishing_last_keeps_every_run(tmp_path)
-    status = JobStatus(job_id=7)
-    _from_folder(tmp_path, status)
+    status = gather(7, None, {"HOME": str(tmp_path / "home")}, tmp_path)
     assert [(r.requeue, r.reason, r.action) for r in status.runs] == [
         (0, "lost", "SLURM requeues"),
         (1, "completed", "none"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
-from hpclaunch.slurm.states import FINAL, JobRecord, JobState, Source, is_final
+from hpclaunch.slurm.states import FINAL, JobState, SlurmRecord, Source, is_final
 
 FORGOTTEN = "slurm_load_jobs error: Invalid job id specified\n"
 
@@ -40,7 +40,7 @@ def test_the_final_states_are_those_after_which_the_job_runs_no_more() -> None:
 
 
 def test_a_record_from_scontrol_and_from_sacct() -> None:
-    record = JobRecord.from_scontrol(
+    record = SlurmRecord.from_scontrol(
         {
             "JobId": "7",
             "JobName": "train",
@@ -52,15 +52,15 @@ def test_a_record_from_scontrol_and_from_sacct() -> None:
             "StdOut": "/l/train-7.out",
         }
     )
-    assert record == JobRecord(
+    assert record == SlurmRecord(
         Source.SCONTROL, "PENDING", "(null)", "0:0", "7", "train", "Resources", 2, "/l/train-7.out"
     )
     assert record.job_state is JobState.PENDING
-    bare = JobRecord.from_scontrol({"JobState": "RUNNING", "Reason": "None", "Restarts": "x"})
+    bare = SlurmRecord.from_scontrol({"JobState": "RUNNING", "Reason": "None", "Restarts": "x"})
     assert (bare.reason, bare.restarts, bare.name, bare.stdout) == (None, None, None, None)
-    accounted = JobRecord.from_sacct("CANCELLED by 0|n[1-2]|0:15", "7")
-    assert accounted == JobRecord(Source.SACCT, "CANCELLED", "n[1-2]", "0:15", "7")
-    assert JobRecord.from_sacct("", "7").state is None
+    accounted = SlurmRecord.from_sacct("CANCELLED by 0|n[1-2]|0:15", "7")
+    assert accounted == SlurmRecord(Source.SACCT, "CANCELLED", "n[1-2]", "0:15", "7")
+    assert SlurmRecord.from_sacct("", "7").state is None
 
 
 def answer(code: int, out: str = "", err: str = "") -> object:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.jobdir import agent_ends
+from hpclaunch.jobdir.agent_ends import AgentEnd
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.recovery import stops
-from hpclaunch.recovery.deputy import note_end
 
 TERM, USR1, USR2 = signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
 
@@ -48,9 +49,9 @@ class Step:
 
 def test_a_quiet_step_whose_agents_all_noted_a_stop_was_stopped(tmp_path: Path) -> None:
     folder = JobFolder(tmp_path)
-    note_end(folder, 1, "n1", 143)
+    agent_ends.write(folder, 1, AgentEnd("n1", 143))
     assert stops.unseen(tmp_path, 1, ["n1", "n2"], Step()) is None  # n2 noted nothing yet
-    note_end(folder, 1, "n2", 140)
+    agent_ends.write(folder, 1, AgentEnd("n2", 140))
     assert stops.unseen(tmp_path, 1, ["n1", "n2"], Step()) == USR2
     assert stops.unseen(tmp_path, 0, ["n1", "n2"], Step()) is None  # another run's notes
     # The supervisor saw a signal, or an agent was killed: not an unseen stop.

@@ -1,5 +1,6 @@
-"""The training's view in status and --follow (hpclaunch.ops.training, follow.progress_due)
-and the work a run loses (hpclaunch.jobdir.lost_work), from plain notes."""
+"""The training's view in status and --follow (hpclaunch.record.training,
+follow.progress_due, follow.changes) and the work a run loses (hpclaunch.record.lost_work),
+from records built in memory; and the progress board's total and metrics."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import progress
-from hpclaunch.jobdir import failures, goodput, lost_work, saves
-from hpclaunch.jobdir.hangs import NodeProgress, RankProgress, write_progress
-from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.ops import training
-from hpclaunch.ops.follow import PROGRESS_EVERY_S, progress_due
+from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.layout import AttemptFolder
+from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+from hpclaunch.ops.follow import PROGRESS_EVERY_S, changes, progress_due
+from hpclaunch.ops.status import JobStatus, RunSummary
+from hpclaunch.record import goodput, lost_work, training
+from hpclaunch.record.attempts import Attempt
+from hpclaunch.record.checkpoints import Kind, Saved
+from hpclaunch.record.job_record import RunRecord
 
 
 def note(
@@ -25,29 +30,67 @@ def note(
     idle: float = 0.1,
     total: int | None = None,
     metrics: dict[str, float] | None = None,
-    job_steps: bool = True,
+    at: float = 100.0,
 ) -> NodeProgress:
-    ranks = (RankProgress(0, step, rate, 0.3, idle, job_steps),)
-    return NodeProgress(node, attempt, 100.0, ranks, total, metrics or {}, 0 if metrics else None)
+    ranks = (RankProgress(0, step, rate, 0.3, idle, True),)
+    return NodeProgress(node, attempt, at, ranks, total, metrics or {}, 0 if metrics else None)
+
+
+def view(
+    notes: list[NodeProgress], now: float, *, job_count: bool = True
+) -> training.Training | None:
+    """The progress line's numbers, as status works them out for run 0 (each attempt's
+    first step noted as 1 step done)."""
+    merged = [
+        Attempt(0, a, 0.0, 1.0, 1, None, None, None, job_count=job_count)
+        for a in sorted({n.attempt for n in notes})
+    ]
+    return training.of_run(RunRecord(0, tuple(notes)), merged, now)
 
 
 def test_the_line_has_the_step_out_of_the_total_the_rate_the_eta_and_the_metrics() -> None:
-    found = training.of_notes(
-        [note("n1", 120, 2.0, total=1000, metrics={"loss": 0.31234})], now=103.0
-    )
+    found = view([note("n1", 120, 2.0, total=1000, metrics={"loss": 0.31234})], now=103.0)
     assert found is not None and found.eta_s == pytest.approx(440.0)
     assert training.line(found, now=103.0) == (
         "step 120 of 1000 (12 %), 2.00 steps/s, ETA 7 min 20 s; loss 0.3123 "
         "(attempt 0, noted 3 s ago)"
     )
     # No total: no share, no ETA; stopped stepping: no ETA either.
-    bare = training.of_notes([note("n1", 5, None)], now=100.0)
+    bare = view([note("n1", 5, None)], now=100.0)
     assert (
         bare is not None and training.line(bare, now=100.0) == "step 5 (attempt 0, noted 0 s ago)"
     )
-    idle = training.of_notes([note("n1", 120, 2.0, total=1000, idle=40.0)], now=100.0)
+    idle = view([note("n1", 120, 2.0, total=1000, idle=40.0)], now=100.0)
     assert idle is not None and idle.eta_s is None
     assert "no step for 40 s" in training.line(idle, now=100.0)
+
+
+def test_an_attempt_that_resumed_from_an_unseen_step_says_so_and_gives_no_eta() -> None:
+    found = view([note("n1", 30, 2.0, total=1000)], now=100.0, job_count=False)
+    assert found is not None and found.step is None and found.eta_s is None
+    assert training.line(found, now=100.0) == (
+        "30 steps since attempt 0 began, from a step hpclaunch did not see (of 1000), "
+        "2.00 steps/s (attempt 0, noted 0 s ago)"
+    )
+
+
+def test_a_node_is_named_slow_only_when_its_count_falls_behind_not_for_its_rate_alone() -> None:
+    def line(notes: list[NodeProgress], now: float) -> str | None:
+        found = view(notes, now)
+        return training.line(found, now) if found else None
+
+    # Ranks that step together: one note written early in the attempt shows a lower rate,
+    # the counts are the same: nobody is slow.
+    assert line([note("n1", 40, 4.0), note("n2", 40, 2.0)], now=102.0) == (
+        "step 40, 2.00 steps/s (attempt 0, noted 2 s ago)"
+    )
+    assert training.slowest([note("n1", 40, 4.0, at=100.0), note("n2", 36, 2.0, at=99.0)]) is None
+    # A node really behind: half the rate, and half the steps at the same time.
+    slow = line([note("n1", 40, 4.0), note("n2", 20, 2.0)], now=102.0)
+    assert slow is not None and slow.endswith("; slowest node n2 (0.500 s/step, the others 0.250)")
+    assert line([], now=1.0) is None
+    stuck = line([note("n1", 40, 4.0)], now=135.0)  # idle 0.1 s + noted 35 s ago
+    assert stuck == "step 40, no step for 35 s, 4.00 steps/s (attempt 0, noted 35 s ago)"
 
 
 @pytest.mark.parametrize(
@@ -73,9 +116,7 @@ def test_follow_prints_progress_when_it_says_something_new_never_a_flood() -> No
         idle: float = 0.1,
         total: int | None = 100,
     ) -> training.Training:
-        found = training.of_notes(
-            [note("n1", step, rate, attempt=attempt, idle=idle, total=total)], now=100.0
-        )
+        found = view([note("n1", step, rate, attempt=attempt, idle=idle, total=total)], now=100.0)
         assert found is not None
         return found
 
@@ -89,63 +130,211 @@ def test_follow_prints_progress_when_it_says_something_new_never_a_flood() -> No
     assert not progress_due((3.0, look(9, idle=31.0)), look(9, idle=90.0), at=200.0)
 
 
-def test_lost_work_counts_the_steps_past_the_last_checkpoint_committed_before_the_end() -> None:
-    known = [
-        lost_work.Saved(20, 10.0, "step 19"),
-        lost_work.Saved(40, 20.0, "step 39"),
-        lost_work.Saved(60, 50.0, "step 59"),
-    ]
-    loss = lost_work.run_loss([note("n1", 47, 2.0), note("n2", 46, 2.0)], 0, 0.0, 30.0, known)
-    assert loss is not None and (loss.steps, loss.repeats) == (47, 7)
-    assert loss.text() == (
-        "run 0 did 47 steps; its last checkpoint (step 39) holds 40: the next run repeats 7 steps"
+def attempt(
+    requeue: int,
+    last_step: int | None,
+    *,
+    first_step: int = 1,
+    resumed: int | None = None,
+    by: str | None = None,
+    job_count: bool = True,
+    number: int = 0,
+) -> Attempt:
+    stepped = last_step is not None
+    return Attempt(
+        requeue,
+        number,
+        0.0,
+        10.0 if stepped else None,
+        first_step if stepped else None,
+        50.0 if stepped else None,
+        last_step,
+        60.0,
+        resumed,
+        by if resumed is not None else None,
+        job_count or resumed is not None,
     )
-    none = lost_work.run_loss([note("n1", 12, 2.0)], 0, 0.0, 5.0, known)
-    assert none is not None and none.text() == (
-        "run 0 did 12 steps and no checkpoint was written: the next run starts from step 0 "
-        "and repeats 12 steps"
-    )
-    # Counted from 0 after resuming without hpclaunch knowing: not the job's steps, so
-    # nothing is said rather than a wrong number. The same for a job that saves its own way.
-    assert lost_work.run_loss([note("n1", 5, 2.0, job_steps=False)], 1, 15.0, 30.0, known) is None
-    # The same for an in-place restart that counted from 0 with a checkpoint to resume from.
-    restarted = [note("n1", 5, 2.0, attempt=1, job_steps=False)]
-    assert lost_work.run_loss(restarted, 0, 0.0, 30.0, known) is None
-    assert lost_work.run_loss([note("n1", 47, 2.0)], 0, 0.0, 30.0, known, own_way=True) is None
-    assert lost_work.run_loss([], 0, 0.0, 30.0, known) is None
 
 
-def test_the_batch_log_warns_once_when_the_script_never_checkpoints(tmp_path: Path) -> None:
-    job = JobFolder(tmp_path)
-    write_progress(job, 0, note("n1", 12, 2.0))
-    write_progress(job, 1, note("n1", 9, 2.0))
-    first = lost_work.batch_lines(job, job.checkpoints, [(0, 0.0, None)])
-    assert first[0].startswith("lost work: run 0 did 12 steps and no checkpoint was written")
-    assert first[1].startswith("warning: 12 steps done and no checkpoint written: a requeue")
-    again = lost_work.batch_lines(job, job.checkpoints, [(0, 0.0, 5.0), (1, 6.0, None)])
-    assert again == [
-        "lost work: run 1 did 9 steps and no checkpoint was written: the next run starts "
-        "from step 0 and repeats 9 steps"
-    ]
-    # A save's record counts as a checkpoint (step 4 holds 5 steps), pruned or not.
-    saves.append(job.saves, saves.SaveRecord(4, False, False, 0.1, 0.2, 10, 1, 1.0))
-    assert lost_work.batch_lines(job, job.checkpoints, [(0, 0.0, None)]) == [
-        "lost work: run 0 did 12 steps; its last checkpoint (step 4) holds 5: the next run "
-        "repeats 7 steps"
-    ]
+def hpclaunch_save(step: int, holds: int | None, time: float) -> Saved:
+    return Saved(Kind.HPCLAUNCH, f"step {step}", time, holds, time - 0.5, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("case", "following", "saved", "over", "repeats", "final", "text"),
+    [
+        (
+            "own checkpoint, SGD: the next run shows no resume point",
+            [attempt(1, 36, job_count=False)],
+            [],
+            False,
+            None,
+            True,
+            "run 0 did 45 steps; run 1 did not show which step it resumed from (hpclaunch "
+            "sees it in its own checkpoints, in an Adam-family optimizer's restored state, in "
+            "hpclaunch.progress.beat(step=...) and in Lightning's StopCheckpoint): the steps it "
+            "repeated are unknown",
+        ),
+        (
+            "own checkpoint, AdamW: the optimizer's count shows it",
+            [attempt(1, 60, first_step=41, resumed=40, by="optimizer")],
+            [],
+            False,
+            5,
+            True,
+            "run 0 did 45 steps; run 1 resumed from step 40 (the optimizer's restored step "
+            "count): it repeated 5 steps",
+        ),
+        (
+            "hpclaunch's checkpoint, before the next run resumed",
+            [],
+            [
+                hpclaunch_save(29, 30, 20.0),
+                hpclaunch_save(39, 40, 40.0),
+                hpclaunch_save(49, 50, 90.0),
+            ],
+            False,
+            5,
+            False,
+            "run 0 did 45 steps; its last checkpoint (step 39) holds 40: a run that resumes "
+            "from it repeats 5 steps",
+        ),
+        (
+            "a per-epoch label is not a count of steps",
+            [],
+            [hpclaunch_save(3, 45, 50.0)],
+            False,
+            0,
+            False,
+            "run 0 did 45 steps; its last checkpoint (step 3) holds 45: nothing is repeated",
+        ),
+        (
+            "no checkpoint seen, the next run not started",
+            [],
+            [],
+            False,
+            None,
+            False,
+            "run 0 did 45 steps: the step the next run resumes from is unknown until it "
+            "resumes (hpclaunch sees it in its own checkpoints, in an Adam-family optimizer's "
+            "restored state, in hpclaunch.progress.beat(step=...) and in Lightning's "
+            "StopCheckpoint)",
+        ),
+        (
+            "a file of its own, found by pattern",
+            [],
+            [Saved(Kind.PATTERN, "/w/snapshot.pt", 40.0, None, 40.0)],
+            False,
+            None,
+            False,
+            "run 0 did 45 steps; its last checkpoint of its own is /w/snapshot.pt: the step "
+            "the next run resumes from is unknown until it resumes (hpclaunch sees it in its own "
+            "checkpoints, in an Adam-family optimizer's restored state, in "
+            "hpclaunch.progress.beat(step=...) and in Lightning's StopCheckpoint)",
+        ),
+        (
+            "a checkpoint after the last note: no made-up count",
+            [],
+            [hpclaunch_save(119, 120, 55.0)],
+            False,
+            None,
+            False,
+            "run 0's progress was last noted at step 45, before its last checkpoint (step 119), "
+            "which holds 120: a run that resumes from it repeats the steps it did after that "
+            "checkpoint, which no note counted",
+        ),
+        (
+            "the next run resumed past the last note",
+            [attempt(1, 80, first_step=51, resumed=50, by="checkpoint")],
+            [],
+            False,
+            0,
+            True,
+            "run 0 did 45 steps; run 1 resumed from step 50 (its hpclaunch checkpoint), after "
+            "the last step noted: nothing was repeated",
+        ),
+    ],
+)
+def test_lost_work_says_only_what_is_known(
+    case: str,
+    following: list[Attempt],
+    saved: list[Saved],
+    over: bool,
+    repeats: int | None,
+    final: bool,
+    text: str,
+) -> None:
+    loss = lost_work.run_loss(0, [attempt(0, 45)], following, saved, 60.0, over)
+    assert loss is not None, case
+    assert (loss.repeats, loss.final, loss.text) == (repeats, final, text), case
+    assert "from step 0" not in loss.text
+
+
+def test_a_run_whose_own_count_is_unknown_repeats_an_unknown_number() -> None:
+    loss = lost_work.run_loss(
+        1,
+        [attempt(1, 30, job_count=False)],
+        [attempt(2, 50, resumed=40, by="optimizer")],
+        [],
+        60.0,
+        False,
+    )
+    assert loss is not None and loss.repeats is None and loss.steps is None
+    assert loss.text.startswith(
+        "run 1 did 30 steps after resuming from a step hpclaunch did not see"
+    )
+    assert lost_work.run_loss(0, [attempt(0, None)], [], [], 60.0, False) is None  # no step
+
+
+def test_never_saved_is_said_only_when_nothing_was_seen() -> None:
+    found = {0: [attempt(0, 12)]}
+    warning = lost_work.never_saved([], found, 12)
+    assert warning is not None and warning.startswith(
+        "12 steps done and no checkpoint of the job seen"
+    )
+    assert "--checkpoint-pattern" in warning
+    assert lost_work.never_saved([hpclaunch_save(4, 5, 1.0)], found, 12) is None
+    resumed = {0: [attempt(0, 12)], 1: [attempt(1, 20, resumed=10, by="optimizer")]}
+    assert lost_work.never_saved([], resumed, 20) is None  # it resumed from something
 
 
 def test_a_restart_says_which_rank_on_which_node_and_why(tmp_path: Path) -> None:
-    job = JobFolder(tmp_path)
-    for attempt in (0, 1):
-        job.attempt(0, "0", attempt).path.mkdir(parents=True)
+    logs = [AttemptFolder(0, "0", a, tmp_path / f"a{a}") for a in (0, 1)]
     echo = failures.WorkerFailure(1, -15, "Signals.SIGTERM")
     own = failures.WorkerFailure(3, 3, "rank 3: crashing at step 12")
-    failures.write(tmp_path, failures.NodeRecord("n1", 0, 0, 0, 5.0, (echo,)))
-    failures.write(tmp_path, failures.NodeRecord("n2", 1, 0, 0, 6.0, (own,)))
-    assert training.restarts(job, 0) == [
+    run = RunRecord(
+        0,
+        failures=(
+            failures.NodeRecord("n1", 0, 0, 0, 5.0, (echo,)),
+            failures.NodeRecord("n2", 1, 0, 0, 6.0, (own,)),
+        ),
+    )
+    assert training.restarts(run, logs) == [
         "attempt 1 began after attempt 0 failed: rank 3 on n2: rank 3: crashing at step 12"
     ]
+
+
+def test_follow_says_each_run_s_lost_work_once_when_nothing_can_change_it() -> None:
+    run0 = RunSummary(0, ["n1", "n2"], 0.0, 30.0, "requeued by SLURM", "SLURM requeues")
+    run1 = RunSummary(1, ["n1", "n3"], 40.0, None, None, None)
+    guess = lost_work.run_loss(0, [attempt(0, 45)], [], [hpclaunch_save(39, 40, 20.0)], 30.0, False)
+    known = lost_work.run_loss(
+        0,
+        [attempt(0, 45)],
+        [attempt(1, 60, first_step=41, resumed=40, by="checkpoint")],
+        [],
+        30.0,
+        False,
+    )
+    assert guess is not None and known is not None and not guess.final and known.final
+    pending = JobStatus(7, state="PENDING", requeues=1, runs=[run0], lost_work=[guess])
+    assert not [line for line in changes(None, pending) if line.startswith("lost work")]
+    stepping = JobStatus(7, state="RUNNING", requeues=1, runs=[run0, run1], lost_work=[known])
+    said = [line for line in changes(pending, stepping) if line.startswith("lost work")]
+    assert said == [f"lost work: {known.text}"]
+    assert not [line for line in changes(stepping, stepping) if line.startswith("lost work")]
+    ended = JobStatus(7, state="COMPLETED", requeues=1, runs=[run0, run1], lost_work=[known])
+    assert not [line for line in changes(stepping, ended) if line.startswith("lost work")]
 
 
 def test_report_takes_a_total_and_numbers_and_refuses_anything_else(
@@ -166,20 +355,6 @@ def test_report_takes_a_total_and_numbers_and_refuses_anything_else(
         progress.report(total=-1)
 
 
-def test_follow_says_the_lost_work_once_the_run_has_left_its_nodes() -> None:
-    from hpclaunch.ops.follow import changes
-    from hpclaunch.ops.status import JobStatus, RunSummary
-
-    loss = lost_work.RunLoss(0, 61, lost_work.Saved(60, 5.0, "step 59"), 1)
-    run0 = RunSummary(0, ["n1", "n2"], 0.0, None, "requeued by SLURM", "SLURM requeues")
-    ending = JobStatus(7, state="COMPLETING", requeues=1, runs=[run0], lost_work=[loss])
-    assert not [line for line in changes(None, ending) if line.startswith("lost work")]
-    pending = JobStatus(7, state="PENDING", requeues=1, runs=[run0], lost_work=[loss])
-    said = [line for line in changes(ending, pending) if line.startswith("lost work")]
-    assert said == [f"lost work: {loss.text()}"]
-    assert not [line for line in changes(pending, pending) if line.startswith("lost work")]
-
-
 def test_metrics_held_back_by_the_rate_are_written_by_the_next_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,14 +371,3 @@ def test_metrics_held_back_by_the_rate_are_written_by_the_next_step(
     board.beat(step=9)  # the script's index of the step just done: 10 steps done
     seen = progress.read(path)
     assert seen is not None and seen.step == 10 and seen.job_steps is False
-
-
-def test_a_checkpoint_after_the_last_note_is_said_without_a_made_up_count() -> None:
-    known = [lost_work.Saved(120, 20.0, "step 119")]
-    loss = lost_work.run_loss([note("n1", 75, 2.0)], 0, 0.0, 30.0, known)
-    assert loss is not None and loss.repeats is None
-    assert loss.text() == (
-        "run 0's progress was last noted at step 75, before its last checkpoint (step 119), "
-        "which holds 120: the next run repeats the steps it did after that checkpoint, which "
-        "no note counted"
-    )
