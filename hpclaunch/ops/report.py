@@ -58,7 +58,7 @@ def ending(run: RunTimes) -> str:
         return "running" if run.action is None else "no end recorded"
     reason = run.reason or "unknown"
     if run.action in ("requeue", "SLURM requeues"):
-        return f"requeued: {reason}"
+        return reason if reason.startswith("requeued") else f"requeued: {reason}"
     if reason == "completed":
         return "completed"
     if run.action in ("give up", "requeue failed"):

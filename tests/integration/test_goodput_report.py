@@ -56,8 +56,11 @@ def test_a_requeued_job_s_goodput_adds_up_and_its_report_draws_both_runs(
     out = hpclaunch(job.env, tmp_path, "report", "--output", str(svg), *where)
     assert f"timeline: {svg}" in out and "    productive " in out
     root = ET.parse(svg).getroot()
-    texts = {"".join(e.itertext()) for e in root.iter("{http://www.w3.org/2000/svg}text")}
+    texts = {"".join(e.itertext()).strip() for e in root.iter("{http://www.w3.org/2000/svg}text")}
     assert {"run 0", "run 1"} <= texts, texts
+    # Each lane says how its run ended: the lost node's requeue, then the completion.
+    assert {"requeued by SLURM", "completed"} <= texts, texts
+    assert "  run 0: requeued by SLURM" in out and "  run 1: completed" in out
     png = tmp_path / "t.png"
     hpclaunch(job.env, tmp_path, "report", "--output", str(png), *where)
     from PIL import Image

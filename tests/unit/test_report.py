@@ -112,6 +112,7 @@ def test_a_picture_format_it_cannot_draw_is_named() -> None:
             "ended: the same error on every node",
         ),
         (RunTimes(0, 1, 9, "cancelled", "none"), "ended: cancelled"),
+        (RunTimes(0, 1, 9, "requeued by SLURM", "SLURM requeues"), "requeued by SLURM"),
     ],
 )
 def test_each_run_s_ending_in_words(run: RunTimes, said: str) -> None:
