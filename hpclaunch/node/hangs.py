@@ -161,6 +161,7 @@ class Watch:
         self.last_report: HangReport | None = None
         self._firsts: set[int] = set()  # attempts whose first step is in the attempts log
         self._ends: set[int] = set()  # attempts whose end is
+        self._steps: dict[int, int] = {}  # attempt -> the step of its last STEP event
 
     def folder(self, attempt: int) -> Path:
         return self._local / "progress" / f"attempt-{attempt}"
@@ -318,6 +319,8 @@ class Watch:
                 round(p.slowest, 3),
                 round(now - p.last, 1),
                 p.job_steps,
+                p.resumed,
+                p.resumed_by,
             )
             for rank, p in found.items()
             if p is not None and p.count
@@ -327,6 +330,7 @@ class Watch:
         totals = [p.total for p in found.values() if p is not None and p.total is not None]
         rank, metrics = self._metrics()
         self._note_first(found, now)
+        self._note_step(found, now)
         note = progress_notes.NodeProgress(
             self.node, self.attempt, time.time(), ranks, max(totals, default=None), metrics, rank
         )
@@ -356,6 +360,23 @@ class Watch:
         step = min(p.step - p.count + 1 for p in stepped)
         self._log_event(
             attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST, round(wall, 3), step)
+        )
+
+    def _note_step(self, found: Mapping[int, progress.Progress | None], now: float) -> None:
+        """A sample of the node's progress into the attempts log, when its step changed
+        since the last one: the node's lowest step (its slowest rank's), and when the
+        node's ranks had all done it (the latest of their last steps at that step)."""
+        stepped = [p for p in found.values() if p is not None and p.count]
+        if not stepped:
+            return
+        step = min(p.step for p in stepped)
+        if self._steps.get(self.attempt) == step:
+            return
+        self._steps[self.attempt] = step
+        last = max(p.last for p in stepped if p.step == step)
+        wall = time.time() - (now - last)
+        self._log_event(
+            attempts.AttemptEvent(self.node, self.attempt, attempts.STEP, round(wall, 3), step)
         )
 
     def ended(self) -> None:
