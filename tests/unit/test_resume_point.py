@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from hpclaunch import progress
-from hpclaunch.jobdir import progress_notes
+from hpclaunch import checkpoint, progress
+from hpclaunch.jobdir import progress_notes, saves
+from hpclaunch.jobdir.layout import JobFolder
 
 TABLES = (
     torch_optimizer._global_optimizer_pre_hooks,
@@ -230,3 +231,61 @@ def test_the_steps_done_are_the_jobs_on_its_first_attempt_or_once_the_resume_is_
     assert board.steps_done({"HPCLAUNCH_ATTEMPT": "2"}) is None  # an in-place restart
     board.resume(12, progress.BY_CHECKPOINT)
     assert board.steps_done(later) == 12
+
+
+@pytest.fixture
+def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobFolder:
+    monkeypatch.setenv("HPCLAUNCH_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("HPCLAUNCH_CHECKPOINT_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("HPCLAUNCH_REQUEUE_COUNT", "0")
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "0")
+    (tmp_path / "job").mkdir()
+    return JobFolder(tmp_path / "job")
+
+
+def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, first: int, last: int) -> None:
+    """Epochs ``first`` to ``last`` of 4 steps each, saved per epoch: save(step=epoch)."""
+    for epoch in range(first, last + 1):
+        for _ in range(4):
+            optimizer.zero_grad()
+            model(torch.ones(4)).sum().backward()
+            optimizer.step()
+        checkpoint.save({"model": model.state_dict()}, epoch)
+
+
+def test_per_epoch_saves_hold_the_steps_counted_and_a_load_resumes_from_them(
+    start_worker: Callable[[], str], job_env: JobFolder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_worker()
+    model = torch.nn.Linear(4, 2)
+    epochs(model, torch.optim.SGD(model.parameters(), lr=1e-3), 0, 2)
+    assert [(r.step, r.steps_done) for r in saves.read(job_env.saves)] == [
+        (0, 4),
+        (1, 8),
+        (2, 12),
+    ]
+    # The requeued run: its count is not the job's until the load says where it is.
+    monkeypatch.setenv("HPCLAUNCH_REQUEUE_COUNT", "1")
+    path = start_worker()
+    loaded = checkpoint.load_latest()
+    assert loaded is not None and loaded.step == 2
+    seen = progress.read(path)
+    assert seen is not None and (seen.resumed, seen.resumed_by) == (12, "checkpoint")
+    model.load_state_dict(loaded.state["model"])
+    epochs(model, torch.optim.SGD(model.parameters(), lr=1e-3), 3, 3)
+    record = saves.read(job_env.saves)[-1]
+    assert (record.step, record.steps_done) == (3, 16)
+
+
+def test_a_checkpoint_without_a_count_of_this_job_resumes_from_its_label(
+    start_worker: Callable[[], str], job_env: JobFolder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPCLAUNCH_REQUEUE_COUNT", "1")
+    path = start_worker()
+    model = torch.nn.Linear(4, 2)
+    checkpoint.save({"model": model.state_dict()}, 7)  # a count not the job's: none recorded
+    assert [(r.step, r.steps_done) for r in saves.read(job_env.saves)] == [(7, None)]
+    path = start_worker()
+    assert checkpoint.load_latest() is not None
+    seen = progress.read(path)
+    assert seen is not None and (seen.resumed, seen.resumed_by) == (8, "checkpoint")
