@@ -329,8 +329,8 @@ class Watch:
             return False
         totals = [p.total for p in found.values() if p is not None and p.total is not None]
         rank, metrics = self._metrics()
-        self._note_first(found, now)
-        self._note_step(found, now)
+        self._note_first(found)
+        self._note_step(found)
         note = progress_notes.NodeProgress(
             self.node, self.attempt, time.time(), ranks, max(totals, default=None), metrics, rank
         )
@@ -349,20 +349,20 @@ class Watch:
                 return rank, found
         return None, {}
 
-    def _note_first(self, found: Mapping[int, progress.Progress | None], now: float) -> None:
+    def _note_first(self, found: Mapping[int, progress.Progress | None]) -> None:
         """The attempt's first step into the attempts log, once (for the goodput)."""
         stepped = [p for p in found.values() if p is not None and p.count]
         if self.attempt in self._firsts or not stepped:
             return
         self._firsts.add(self.attempt)
         first = min(stepped, key=lambda p: p.first)
-        wall = time.time() - (now - first.first)
+        wall = self._wall(first.first)
         step = min(p.step - p.count + 1 for p in stepped)
         self._log_event(
             attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST, round(wall, 3), step)
         )
 
-    def _note_step(self, found: Mapping[int, progress.Progress | None], now: float) -> None:
+    def _note_step(self, found: Mapping[int, progress.Progress | None]) -> None:
         """A sample of the node's progress into the attempts log, when its step changed
         since the last one: the node's lowest step (its slowest rank's), and when the
         node's ranks had all done it (the latest of their last steps at that step)."""
@@ -374,10 +374,16 @@ class Watch:
             return
         self._steps[self.attempt] = step
         last = max(p.last for p in stepped if p.step == step)
-        wall = time.time() - (now - last)
         self._log_event(
-            attempts.AttemptEvent(self.node, self.attempt, attempts.STEP, round(wall, 3), step)
+            attempts.AttemptEvent(
+                self.node, self.attempt, attempts.STEP, round(self._wall(last), 3), step
+            )
         )
+
+    def _wall(self, monotonic: float) -> float:
+        """The wall time of a worker's CLOCK_MONOTONIC time, both clocks read now (not
+        at the note's start: what it did since would be added)."""
+        return time.time() - (self._clock() - monotonic)
 
     def ended(self) -> None:
         """The attempt's group has ended: its last progress note, and its end and last
