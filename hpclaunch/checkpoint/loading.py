@@ -65,7 +65,10 @@ def load_latest(
     (``into`` is not needed). A checkpoint that fails to load is set aside once an
     older one has loaded (which shows that the loading itself works); when none
     loads, nothing is renamed and CheckpointError names each failure. Raises
-    CheckpointError too when the folder is unusable or ``into`` does not fit."""
+    CheckpointError too when the folder is unusable or ``into`` does not fit.
+
+    This worker's progress (hpclaunch.progress) then counts on from the steps the
+    checkpoint holds (as its save recorded them), or from 0 when there was none."""
     saving.wait()
     ranks = Ranks.now()
     root = store.directory(folder)
@@ -76,6 +79,8 @@ def load_latest(
         step = ranks.from_rank0(found[-1].step if found else -1)
         if step < 0:
             _refuse_none_left(root, failed)
+            # None is a fresh start, from step 0, which is what the run's count says then.
+            progress.resumed_from(held=0, by=progress.BY_CHECKPOINT)
             return None
         sharded = bool(ranks.from_rank0(int(found[-1].sharded) if found else 0))
         chosen = Checkpoint(step, store.path_for(root, step, sharded=sharded))

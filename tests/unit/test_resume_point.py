@@ -289,3 +289,13 @@ def test_a_checkpoint_without_a_count_of_this_job_resumes_from_its_label(
     assert checkpoint.load_latest() is not None
     seen = progress.read(path)
     assert seen is not None and (seen.resumed, seen.resumed_by) == (8, "checkpoint")
+
+
+def test_no_checkpoint_to_load_is_a_start_from_step_0(
+    start_worker: Callable[[], str], job_env: JobFolder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPCLAUNCH_REQUEUE_COUNT", "1")  # requeued before any save
+    path = start_worker()
+    assert checkpoint.load_latest() is None
+    seen = progress.read(path)
+    assert seen is not None and (seen.resumed, seen.resumed_by) == (0, "checkpoint")
