@@ -350,7 +350,9 @@ class Watch:
         return None, {}
 
     def _note_first(self, found: Mapping[int, progress.Progress | None]) -> None:
-        """The attempt's first step into the attempts log, once (for the goodput)."""
+        """The attempt's first step into the attempts log, once (for the goodput), with
+        where its ranks resumed when they saw it (the note keeps only the latest attempt):
+        the point of those that saw one, when they agree; none when they differ."""
         stepped = [p for p in found.values() if p is not None and p.count]
         if self.attempt in self._firsts or not stepped:
             return
@@ -358,8 +360,21 @@ class Watch:
         first = min(stepped, key=lambda p: p.first)
         wall = self._wall(first.first)
         step = min(p.step - p.count + 1 for p in stepped)
+        seen = sorted(
+            {(p.resumed, p.resumed_by) for p in stepped if p.resumed is not None and p.resumed_by}
+        )
+        agreed = len({point for point, _ in seen}) == 1
+        resumed, by = seen[0] if agreed else (None, None)
         self._log_event(
-            attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST, round(wall, 3), step)
+            attempts.AttemptEvent(
+                self.node,
+                self.attempt,
+                attempts.FIRST,
+                round(wall, 3),
+                step,
+                resumed=resumed,
+                resumed_by=by,
+            )
         )
 
     def _note_step(self, found: Mapping[int, progress.Progress | None]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import progress
-from hpclaunch.jobdir.attempts import STEP
+from hpclaunch.jobdir.attempts import FIRST, STEP
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node import boot_env, procs, stacks
 from hpclaunch.record.job_record import read_run
@@ -179,5 +179,8 @@ def test_a_run_that_restores_its_own_adamw_says_where_it_resumed(tmp_path: Path)
     [rank] = requeued.ranks
     assert (rank.resumed, rank.resumed_by) == (5, "optimizer")
     assert (rank.step, rank.job_steps) == (8, True)  # counted on from the 5 it restored
-    samples = [e for e in read_run(job.root, 1).events if e.event == STEP]
+    events = read_run(job.root, 1).events
+    [first_step] = [e for e in events if e.event == FIRST]  # kept after later attempts
+    assert (first_step.step, first_step.resumed, first_step.resumed_by) == (6, 5, "optimizer")
+    samples = [e for e in events if e.event == STEP]
     assert samples and samples[-1].step == 8

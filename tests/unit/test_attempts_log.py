@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import progress
-from hpclaunch.jobdir.attempts import STEP
+from hpclaunch.jobdir.attempts import FIRST, STEP
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.hangs import HangTimeout, Watch
 from hpclaunch.record import attempts
@@ -85,7 +85,10 @@ def test_each_note_says_where_the_ranks_resumed_and_when_the_node_passed_its_ste
     boards[1].beat(None)  # rank 5: step 2 at 112
     clock[0] = 115.0
     assert watch.note()
-    samples = [e for e in read_run(job.root, 1).events if e.event == STEP]
+    events = read_run(job.root, 1).events
+    [first] = [e for e in events if e.event == FIRST]  # where the ranks that saw it resumed
+    assert (first.step, first.resumed, first.resumed_by) == (1, 40, "checkpoint")
+    samples = [e for e in events if e.event == STEP]
     assert [(e.node, e.attempt, e.step) for e in samples] == [("n1", 0, 1), ("n1", 0, 2)]
     # When the node's lowest step was done: rank 5's steps, 9 s and 3 s before the notes.
     assert samples[0].time == pytest.approx(noted - 9.0, abs=0.5)
