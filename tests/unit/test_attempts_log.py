@@ -93,3 +93,17 @@ def test_each_note_says_where_the_ranks_resumed_and_when_the_node_passed_its_ste
     # When the node's lowest step was done: rank 5's steps, 9 s and 3 s before the notes.
     assert samples[0].time == pytest.approx(noted - 9.0, abs=0.5)
     assert samples[1].time == pytest.approx(noted - 3.0, abs=0.5)
+
+
+def test_ranks_that_disagree_on_where_they_resumed_say_nothing_of_it(tmp_path: Path) -> None:
+    job = JobFolder(tmp_path / "job")
+    watch = Watch(tmp_path / "local", job, node="n1", node_rank=0, requeue=0, timeout=HangTimeout())
+    watch.begin(3, {0: 0, 1: 1})
+    boards = [progress._Board(str(watch.folder(3) / f"local-{r}.progress")) for r in (0, 1)]
+    boards[0].resume(40, progress.BY_CHECKPOINT)
+    boards[1].resume(35, progress.BY_OPTIMIZER)
+    for board in boards:
+        board.beat(None)
+    assert watch.note()
+    [first] = [e for e in read_run(job.root, 0).events if e.event == FIRST]
+    assert (first.attempt, first.resumed, first.resumed_by) == (3, None, None)
