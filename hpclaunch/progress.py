@@ -8,10 +8,17 @@ times into a small file in node memory that only its node's agent reads
 it to notice a hang (hpclaunch.node.hangs) and for status; ``report`` adds the run's
 length and the script's metrics.
 
+Each worker also says where its attempt resumed: the steps done before its first counted
+step, in the job's count, and how that was seen (``RESUMED_BY``): a checkpoint loaded
+through hpclaunch.checkpoint, the step count in the optimizer state the script restored
+(looked at once, before the first step of the optimizer whose steps count), the script's
+own step numbers (``beat(step=n)``), or Lightning's (hpclaunch.frameworks.lightning).
+The first evidence wins; where there is none, the resume point is unknown, never 0.
+
 ``install`` also registers a handler that writes every thread's Python stack to
 ``HPCLAUNCH_STACKS_FILE`` on ``stack_signal()``, a real-time signal that no scheduler
 or framework sends (the preemption signals TERM, INT, HUP, QUIT, USR1, USR2 stay the
-script's). This module imports no torch: the hook is registered when the script
+script's). This module imports no torch: the hooks are registered when the script
 imports torch's optimizers, or at once if it has.
 """
 
@@ -38,18 +45,29 @@ from types import ModuleType
 from typing import IO, Any, TypeVar, cast
 
 from hpclaunch.jobdir.atomic import write_bytes_atomic
+from hpclaunch.node.worker_env import ATTEMPT, REQUEUE_COUNT
 from hpclaunch.node.worker_env import PROGRESS_FILE as PROGRESS_FILE
 from hpclaunch.node.worker_env import STACKS_FILE as STACKS_FILE
 from hpclaunch.node.worker_env import WATCHER_PID as WATCHER_PID
 
-# magic, flags, progress count, the script's step (-1: none given), first and last
-# progress (CLOCK_MONOTONIC, the same for every process of the node), slowest interval,
-# the pid of the process that writes the file, the steps the run is to take (-1: unknown).
-_LAYOUT = struct.Struct("<4sIqqdddqq")
-_MAGIC = b"HPCp"
+# The file: a head that every report rewrites, then the resume point, written only when
+# it is seen (so that a report packs no more than before).
+# Head: magic, flags, progress count, steps done (-1: none yet), first and last progress
+# (CLOCK_MONOTONIC, the same for every process of the node), slowest interval, the pid of
+# the process that writes the file, the steps the run is to take (-1: unknown).
+# Resume point: the steps done before this attempt's first counted step, in the job's
+# count (-1: not seen), and how it was seen (1 + its index in RESUMED_BY; 0: not seen).
+_HEAD = struct.Struct("<4sIqqdddqq")
+_RESUME = struct.Struct("<qi")
+_LAYOUT = struct.Struct("<4sIqqdddqqqi")  # the two, as read
+_MAGIC = b"HPCr"  # b"HPCp": the layout before the resume point, never read as this one
 STACKS_ON_SIGNAL = 1  # flag: the writer dumps its stacks on stack_signal()
 PAUSED = 2  # flag: the script said a pause between steps has begun (see paused())
 JOB_STEPS = 4  # flag: the steps are the job's (resumed_from, or the script's own numbers)
+# How a worker saw where it resumed: the same as hpclaunch.jobdir.progress_notes.RESUMED_BY
+# (a test keeps them alike), here so that a worker's boot imports no more than this module.
+RESUMED_BY = ("checkpoint", "optimizer", "script", "lightning")
+BY_CHECKPOINT, BY_OPTIMIZER, BY_SCRIPT, BY_LIGHTNING = RESUMED_BY
 PR_SET_PTRACER = 0x59616D61  # Yama: who besides our ancestors may read our memory
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 
@@ -74,6 +92,10 @@ class Progress:
     pid: int = 0  # the process that writes it
     total: int | None = None  # the steps the run is to take, when the script said
     job_steps: bool = False  # ``step`` counts on from a resumed checkpoint (or is the script's)
+    # The steps done before this attempt's first counted step, in the job's count, and how
+    # that was seen (one of RESUMED_BY); None: not seen.
+    resumed: int | None = None
+    resumed_by: str | None = None
 
     @property
     def steps_per_s(self) -> float | None:
@@ -81,7 +103,7 @@ class Progress:
         return (self.count - 1) / span if self.count > 1 and span > 0 else None
 
 
-_PACK = _LAYOUT.pack_into
+_PACK = _HEAD.pack_into
 
 
 class _Board:
@@ -101,6 +123,8 @@ class _Board:
         "metrics_written",
         "pending",
         "pid",
+        "resumed",
+        "resumed_by",
         "slowest",
         "step",
         "total",
@@ -121,6 +145,8 @@ class _Board:
         self.first = self.last = self.slowest = 0.0
         self.pid = os.getpid()  # the writer: the process that opened it
         self.total = -1
+        self.resumed = -1  # the steps done before this attempt's first counted step
+        self.resumed_by = 0  # 1 + its index in RESUMED_BY; 0: not seen
         self.metrics: dict[str, float] = {}
         self.metrics_path = metrics_path(path)
         self.metrics_written = -METRICS_EVERY_S
@@ -141,6 +167,43 @@ class _Board:
             self.pid,
             self.total,
         )
+        _RESUME.pack_into(self._map, _HEAD.size, self.resumed, self.resumed_by)
+
+    def resume(self, held: int, by: str) -> bool:
+        """The steps done before this attempt stand at ``held`` after the steps counted so
+        far (seen as ``by``): the count goes on from there and is the job's. Only the first
+        evidence counts; whether this one did (a count below the steps counted since the
+        attempt began is none: the script's numbers went back)."""
+        if self.resumed_by or held < self.count:
+            return False
+        self.base = self.resumed = held - self.count
+        self.resumed_by = RESUMED_BY.index(by) + 1
+        self.flags |= JOB_STEPS
+        if self.count:
+            self.step = held
+        self.write()
+        return True
+
+    def counting_beats(self) -> None:
+        """The script reports its own steps (``beat``): the optimizer hook stays quiet
+        from now on, and the optimizer's step count, if it was taken for the resume point,
+        is in steps that are no longer the ones counted (a loop may beat per micro-batch):
+        it is dropped. Runs once, at the first beat."""
+        self.explicit = True
+        _drop_look()
+        if self.resumed_by == RESUMED_BY.index(BY_OPTIMIZER) + 1:
+            self.base, self.resumed, self.resumed_by = 0, -1, 0
+            self.flags &= ~JOB_STEPS
+            self.step = self.count if self.count else -1
+            self.write()
+
+    def steps_done(self, env: Mapping[str, str]) -> int | None:
+        """The steps done, when that is a count in the job's steps: its resume point was
+        seen, or this is the job's very first attempt (``env``: the worker's); None when
+        not, or when nothing was counted (a script that reports no steps)."""
+        if not self.count:
+            return None
+        return self.step if self.resumed_by or first_attempt(env) else None
 
     def report(self, total: int | None, metrics: Mapping[str, object]) -> None:
         """The run's length and the script's latest metrics (see ``report``): the length
@@ -232,10 +295,14 @@ def beat(step: int | None = None, total: int | None = None, **metrics: float) ->
     ``step + 1`` done); ``total``, ``metrics``: see ``report``. A no-op outside a job."""
     board = _board if _opened else _open(os.environ)
     if board is not None:
-        board.explicit = True
+        if not board.explicit:
+            board.counting_beats()
         if step is not None:
             board.flags |= JOB_STEPS
         board.beat(step)
+        if step is not None and not board.resumed_by:
+            # The first numbered beat: the script's numbers say where the attempt began.
+            board.resume(step + 1, BY_SCRIPT)
         if total is not None or metrics:
             board.report(total, metrics)
 
@@ -299,14 +366,46 @@ def set_paused(on: bool) -> bool:
     return True
 
 
-def resumed_from(step: int) -> None:
-    """The script resumed from the checkpoint of ``step`` (hpclaunch.checkpoint calls
-    this): the steps counted go on from there, as the script's own numbers do."""
+def resumed_from(step: int | None = None, *, held: int | None = None, by: str = BY_SCRIPT) -> None:
+    """The script resumed from the checkpoint of ``step`` (the index of the last step
+    it holds, from 0: it holds ``step + 1`` steps), or from one that holds ``held`` steps
+    (a count, where the checkpoint's label is not one: an epoch): the steps counted go on
+    from there, as the script's own numbers do, and status knows where this attempt
+    resumed. ``by``: how that was seen, one of RESUMED_BY (hpclaunch.checkpoint passes
+    "checkpoint"; a script's own call is "script"). Only the first evidence in an attempt
+    counts (a later call changes nothing). A no-op outside a job. Raises ValueError for
+    a negative count, neither ``step`` nor ``held``, or an unknown ``by``."""
+    if held is None:
+        if step is None:
+            raise ValueError("hpclaunch.progress.resumed_from: pass step= or held=")
+        held = step + 1
+    if isinstance(held, bool) or not isinstance(held, int) or held < 0:
+        raise ValueError(
+            f"hpclaunch.progress.resumed_from: the checkpoint holds {held!r} steps, which is "
+            "not a step count; pass step= (the index of its last step, from 0) or held= "
+            "(the steps it holds, 0 or more)"
+        )
+    if by not in RESUMED_BY:
+        raise ValueError(
+            f"hpclaunch.progress.resumed_from: by={by!r} is none of {', '.join(RESUMED_BY)}"
+        )
     board = _board if _opened else _open(os.environ)
     if board is not None:
-        board.base = step + 1 - board.count
-        board.flags |= JOB_STEPS
-        board.write()
+        board.resume(held, by)
+
+
+def steps_done(env: Mapping[str, str] = os.environ) -> int | None:
+    """The steps this worker has done, in the job's count (hpclaunch.checkpoint records
+    it with each save): None outside a job, before the first step, and when the count
+    is not the job's (an attempt after the first whose resume point was not seen)."""
+    board = _board if _opened else _open(os.environ)
+    return None if board is None else board.steps_done(env)
+
+
+def first_attempt(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` is a worker's of the job's very first attempt (no requeue, no
+    in-place restart yet), whose steps are the job's from 0. Pure."""
+    return all(env.get(name, "0").strip() in ("", "0") for name in (REQUEUE_COUNT, ATTEMPT))
 
 
 def _open(env: Mapping[str, str]) -> _Board | None:
@@ -361,6 +460,7 @@ def _dump_stacks_on_signal(path: str) -> bool:
 
 
 _counted: list[weakref.ref[object]] = []  # the optimizer whose steps count
+_look: list[Any] = []  # the handle of the pre-hook that looks at the optimizer's state
 _monotonic = time.monotonic
 
 
@@ -375,12 +475,61 @@ def _after_optimizer_step(optimizer: object, args: object, kwargs: object) -> No
     if counted is None:
         _counted[:] = [weakref.ref(optimizer)]
         counted = optimizer
+        # The look before this first step is done: its hook goes, so that it costs no
+        # step after it. Not from the pre-hook itself: torch is iterating its table.
+        _drop_look()
     if counted is optimizer:
         board.beat(None)
 
 
+def _before_first_step(optimizer: object, args: object, kwargs: object) -> None:
+    """Before the first optimizer step (of the first optimizer stepped, the one whose
+    steps count): the step count in the state the script restored, if any, is where this
+    attempt resumed. ``_after_optimizer_step`` removes this hook right after that step."""
+    board = _board
+    if board is None or board.explicit or board.resumed_by or board.count:
+        return
+    held = optimizer_steps(optimizer)
+    if held is not None:
+        board.resume(held, BY_OPTIMIZER)
+
+
+def optimizer_steps(optimizer: Any) -> int | None:
+    """The steps an optimizer has taken, as its state says: the ``step`` that Adam, AdamW
+    and their family (Adagrad, RMSprop, ...) keep for each parameter (a tensor or a
+    number), when every parameter's state has one and they agree on a value above 0.
+    None is no evidence, never "from 0": no state (a fresh optimizer, or a script that
+    restored only the model), state without ``step`` (SGD's momentum), or disagreeing
+    counts. An LR scheduler's position is not looked at: a scheduler may step once per
+    epoch, and a number of epochs is not a number of steps."""
+    found: set[float] = set()
+    for state in getattr(optimizer, "state", {}).values():
+        step = state.get("step") if isinstance(state, Mapping) else None
+        if step is None:
+            return None
+        try:
+            found.add(float(step))  # a tensor's .item(); on a GPU, once per attempt
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if len(found) > 1:
+            return None
+    if len(found) != 1:
+        return None
+    (value,) = found
+    # Adam's count is a float32 tensor: exact up to 2**24 steps, the nearest one above.
+    return int(value) if value > 0 and value.is_integer() else None
+
+
+def _drop_look() -> None:
+    """Remove the pre-hook of the one look at the optimizer state (it is done, or the
+    script reports its own steps)."""
+    while _look:
+        _look.pop().remove()
+
+
 def _hook(module: ModuleType) -> None:
     module.register_optimizer_step_post_hook(_after_optimizer_step)
+    _look.append(module.register_optimizer_step_pre_hook(_before_first_step))
 
 
 class _HookOnImport(importlib.abc.MetaPathFinder):
@@ -418,9 +567,11 @@ def read(path: str) -> Progress | None:
         return None
     if len(data) < _LAYOUT.size:
         return None
-    magic, flags, count, step, first, last, slowest, pid, total = _LAYOUT.unpack(data)
+    fields = _LAYOUT.unpack(data)
+    magic, flags, count, step, first, last, slowest, pid, total, resumed, by = fields
     if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
         return None
+    seen = 0 < by <= len(RESUMED_BY) and resumed >= 0
     return Progress(
         count,
         step,
@@ -432,6 +583,8 @@ def read(path: str) -> Progress | None:
         pid,
         total if total >= 0 else None,
         bool(flags & JOB_STEPS),
+        resumed if seen else None,
+        RESUMED_BY[by - 1] if seen else None,
     )
 
 

@@ -20,7 +20,9 @@ from hpclaunch import progress
 from hpclaunch.checkpoint import local, saving, store
 from hpclaunch.checkpoint.group import Ranks
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
+from hpclaunch.jobdir import saves
 from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX
+from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 
 _SHARDED_HELP = (
     "build it as torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) "
@@ -63,7 +65,10 @@ def load_latest(
     (``into`` is not needed). A checkpoint that fails to load is set aside once an
     older one has loaded (which shows that the loading itself works); when none
     loads, nothing is renamed and CheckpointError names each failure. Raises
-    CheckpointError too when the folder is unusable or ``into`` does not fit."""
+    CheckpointError too when the folder is unusable or ``into`` does not fit.
+
+    This worker's progress (hpclaunch.progress) then counts on from the steps the
+    checkpoint holds (as its save recorded them), or from 0 when there was none."""
     saving.wait()
     ranks = Ranks.now()
     root = store.directory(folder)
@@ -74,6 +79,8 @@ def load_latest(
         step = ranks.from_rank0(found[-1].step if found else -1)
         if step < 0:
             _refuse_none_left(root, failed)
+            # None is a fresh start, from step 0, which is what the run's count says then.
+            progress.resumed_from(held=0, by=progress.BY_CHECKPOINT)
             return None
         sharded = bool(ranks.from_rank0(int(found[-1].sharded) if found else 0))
         chosen = Checkpoint(step, store.path_for(root, step, sharded=sharded))
@@ -87,12 +94,34 @@ def load_latest(
         failed_on = ranks.first_true(error is not None)
         if failed_on is None:
             _set_aside(failed, chosen, ranks)
-            progress.resumed_from(step)
+            _tell_progress(step, ranks)
             return Loaded(step, state, chosen.path)
         if error is not None:
             _say(f"{chosen.path} cannot be loaded on rank {ranks.rank} ({store.reason_of(error)})")
         why = store.reason_of(error) if error is not None else f"see rank {failed_on}'s log"
         failed.append((chosen, f"rank {failed_on}: {why}"))
+
+
+def _tell_progress(step: int, ranks: Ranks) -> None:
+    """Tell this worker's progress the steps the loaded checkpoint holds, in the job's
+    count: what the job folder's record of its save says (``step`` is only the script's
+    label: an epoch, say), else ``step + 1``. Rank 0 reads the record; every rank takes
+    its answer (a collective), so that every rank counts on from the same step."""
+    held = ranks.from_rank0(_recorded_steps(step) if ranks.rank == 0 else -1)
+    progress.resumed_from(step, held=held if held >= 0 else None, by=progress.BY_CHECKPOINT)
+
+
+def _recorded_steps(step: int, env: Mapping[str, str] = os.environ) -> int:
+    """The steps done that the newest save record of ``step`` in the job folder counts
+    (the one of the checkpoint committed now: a committed one is never overwritten);
+    -1 when there is no job folder, no record of it (another job's checkpoint) or no
+    count in it."""
+    job_dir = env.get(JOB_DIR_VAR, "").strip()
+    if not job_dir:
+        return -1
+    found = [r for r in saves.read(JobFolder(Path(job_dir)).saves) if r.step == step]
+    done = found[-1].steps_done if found else None
+    return done if done is not None and done >= 0 else -1
 
 
 def _committed(root: Path, below: int | None) -> list[Checkpoint]:

@@ -58,6 +58,10 @@ class _Save:
     asynchronous: bool
     started: float
     blocked: float = 0.0
+    # The steps done that it holds, in the job's count, as rank 0's progress says when
+    # ``save`` was called (the state is of that moment, also when the save goes on in the
+    # background); None where that count is not the job's. ``step`` is the script's label.
+    steps_done: int | None = None
 
     def run(self) -> Checkpoint:
         """Write and commit, then agree with every rank that it worked (a failure on
@@ -107,6 +111,7 @@ class _Save:
                 blocked_s=round(self.blocked if self.asynchronous else total, 4),
                 total_s=round(total, 4),
                 bytes=store.size_of(self.final),
+                steps_done=self.steps_done,
             )
         )
 
@@ -194,6 +199,8 @@ def save(
     writer = _sharded_writer if as_shards else _single_writer
     data, write = writer(state, final, asynchronous, ranks)
     job = _Save(step, final, keep_last, ranks, data, write, keep_local, asynchronous, started)
+    if ranks.rank == 0:  # the one that writes the save's record
+        job.steps_done = progress.steps_done()
     if not asynchronous:
         _checked(job, job.run)
         return final

@@ -250,8 +250,8 @@ def _ends_batches(callback: pl.Callback) -> bool:
 def _report_progress(trainer: pl.Trainer) -> None:
     """Tell hpclaunch's progress the step training resumed from (its count is the
     job's then, as ``hpclaunch status`` and the lost work need) and the run's length."""
-    if trainer.global_step > 0:
-        progress.resumed_from(trainer.global_step - 1)  # the index of the last step done
+    if trainer.global_step > 0:  # resumed: Lightning's count is of optimizer steps
+        progress.resumed_from(held=trainer.global_step, by=progress.BY_LIGHTNING)
     try:
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
     except (AttributeError, RuntimeError, TypeError, ValueError):  # not known: none shown

@@ -161,6 +161,7 @@ class Watch:
         self.last_report: HangReport | None = None
         self._firsts: set[int] = set()  # attempts whose first step is in the attempts log
         self._ends: set[int] = set()  # attempts whose end is
+        self._steps: dict[int, int] = {}  # attempt -> the step of its last STEP event
 
     def folder(self, attempt: int) -> Path:
         return self._local / "progress" / f"attempt-{attempt}"
@@ -318,6 +319,8 @@ class Watch:
                 round(p.slowest, 3),
                 round(now - p.last, 1),
                 p.job_steps,
+                p.resumed,
+                p.resumed_by,
             )
             for rank, p in found.items()
             if p is not None and p.count
@@ -326,7 +329,8 @@ class Watch:
             return False
         totals = [p.total for p in found.values() if p is not None and p.total is not None]
         rank, metrics = self._metrics()
-        self._note_first(found, now)
+        self._note_first(found)
+        self._note_step(found)
         note = progress_notes.NodeProgress(
             self.node, self.attempt, time.time(), ranks, max(totals, default=None), metrics, rank
         )
@@ -345,18 +349,56 @@ class Watch:
                 return rank, found
         return None, {}
 
-    def _note_first(self, found: Mapping[int, progress.Progress | None], now: float) -> None:
-        """The attempt's first step into the attempts log, once (for the goodput)."""
+    def _note_first(self, found: Mapping[int, progress.Progress | None]) -> None:
+        """The attempt's first step into the attempts log, once (for the goodput), with
+        where its ranks resumed when they saw it (the note keeps only the latest attempt):
+        the point of those that saw one, when they agree; none when they differ."""
         stepped = [p for p in found.values() if p is not None and p.count]
         if self.attempt in self._firsts or not stepped:
             return
         self._firsts.add(self.attempt)
         first = min(stepped, key=lambda p: p.first)
-        wall = time.time() - (now - first.first)
+        wall = self._wall(first.first)
         step = min(p.step - p.count + 1 for p in stepped)
-        self._log_event(
-            attempts.AttemptEvent(self.node, self.attempt, attempts.FIRST, round(wall, 3), step)
+        seen = sorted(
+            {(p.resumed, p.resumed_by) for p in stepped if p.resumed is not None and p.resumed_by}
         )
+        agreed = len({point for point, _ in seen}) == 1
+        resumed, by = seen[0] if agreed else (None, None)
+        self._log_event(
+            attempts.AttemptEvent(
+                self.node,
+                self.attempt,
+                attempts.FIRST,
+                round(wall, 3),
+                step,
+                resumed=resumed,
+                resumed_by=by,
+            )
+        )
+
+    def _note_step(self, found: Mapping[int, progress.Progress | None]) -> None:
+        """A sample of the node's progress into the attempts log, when its step changed
+        since the last one: the node's lowest step (its slowest rank's), and when the
+        node's ranks had all done it (the latest of their last steps at that step)."""
+        stepped = [p for p in found.values() if p is not None and p.count]
+        if not stepped:
+            return
+        step = min(p.step for p in stepped)
+        if self._steps.get(self.attempt) == step:
+            return
+        self._steps[self.attempt] = step
+        last = max(p.last for p in stepped if p.step == step)
+        self._log_event(
+            attempts.AttemptEvent(
+                self.node, self.attempt, attempts.STEP, round(self._wall(last), 3), step
+            )
+        )
+
+    def _wall(self, monotonic: float) -> float:
+        """The wall time of a worker's CLOCK_MONOTONIC time, both clocks read now (not
+        at the note's start: what it did since would be added)."""
+        return time.time() - (self._clock() - monotonic)
 
     def ended(self) -> None:
         """The attempt's group has ended: its last progress note, and its end and last

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from hpclaunch import progress
+
 pytestmark = pytest.mark.integration
 lightning = pytest.importorskip("lightning")  # the test tier installs it (.[frameworks])
 
@@ -22,7 +24,11 @@ SCRIPT = Path(__file__).with_name("lightning_local.py")
 
 def run(folder: Path, accumulate: int, stop_at: int) -> tuple[int, dict[str, Any] | None]:
     """The script's exit status and its RESULT, if it printed one."""
-    env = {**os.environ, "HPCLAUNCH_CHECKPOINT_DIR": str(folder / "checkpoints")}
+    env = {
+        **os.environ,
+        "HPCLAUNCH_CHECKPOINT_DIR": str(folder / "checkpoints"),
+        "HPCLAUNCH_PROGRESS_FILE": str(folder / "rank.progress"),  # as the agent sets it
+    }
     env.pop("WORLD_SIZE", None)
     argv = [sys.executable, str(SCRIPT), str(folder), str(accumulate), str(stop_at)]
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
@@ -51,10 +57,14 @@ def test_a_stopped_run_saves_at_an_optimizer_step_and_resumes_exactly(
     status, result = run(stopped, accumulate, 6)
     assert (status, result) == (0, None)  # stopped (the agent makes it 128 + SIGUSR1)
     assert saved(stopped) == [f"step-{stopped_at:012d}.ckpt"]
+    board = progress.read(str(stopped / "rank.progress"))
+    assert board is not None and board.resumed_by is None  # Lightning's step 0: not said
     status, result = run(stopped, accumulate, 6)
     assert status == 0 and result is not None
     assert result["resumed"] == str(stopped / "checkpoints" / "lightning" / saved(stopped)[0])
     assert (result["digest"], result["steps"]) == (uninterrupted["digest"], steps)
+    board = progress.read(str(stopped / "rank.progress"))
+    assert board is not None and (board.resumed, board.resumed_by) == (stopped_at, "lightning")
 
 
 @pytest.mark.filterwarnings("ignore:The `srun` command is available")  # Lightning, on this host

@@ -1,11 +1,14 @@
 """Progress reporting in a fresh python, as the agent starts a fresh worker (the boot on
 PYTHONPATH, hpclaunch.node.boot_env), with real torch: optimizer steps count with
 no change to the script, the script sees the PYTHONPATH it was meant to have and the
-sitecustomize that would have run, and the stack handler answers its signal."""
+sitecustomize that would have run, and the stack handler answers its signal; and in a
+real one-node run of the agent (no SLURM), where a script that restores its own
+checkpoint resumed, as the node's progress note says."""
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import progress
+from hpclaunch.jobdir.attempts import FIRST, STEP
+from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node import boot_env, procs, stacks
-from tests.integration.helpers import base_env
+from hpclaunch.record.job_record import read_run
+from tests.integration.helpers import VENV_BIN, base_env
 
 pytestmark = pytest.mark.integration
 
@@ -117,3 +123,64 @@ def test_a_fresh_python_without_a_sitecustomize_of_its_own_starts_cleanly(
     assert done.stdout.strip() == str(tmp_path / "src")  # the launcher's part stays
     counted = progress.read(str(path))
     assert counted is not None and counted.count == 4  # one per training step
+
+
+# A plain script that keeps its own checkpoint (no hpclaunch import): it restores its
+# model and AdamW from its own torch.save file when there is one, steps, and saves.
+OWN_CHECKPOINT = """
+import os, sys
+import torch
+path, steps = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+if os.path.exists(path):
+    saved = torch.load(path)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+for _ in range(steps):
+    optimizer.zero_grad()
+    model(torch.ones(4)).sum().backward()
+    optimizer.step()
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+"""
+
+
+def run_agent(script: Path, job: Path, requeue: int, *args: str) -> None:
+    """One run of one node's agent with one worker, as a one-node SLURM step of run
+    ``requeue`` of a job has it (SLURM's variables set here), to its end."""
+    env = base_env(
+        SLURM_JOB_ID=str(random.randrange(1, 10**6)),
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_STEP_ID="0",
+        SLURM_RESTART_COUNT=str(requeue),
+    )
+    argv = [str(VENV_BIN / "hpclaunch"), "agent", "--nproc-per-node", "1", "--job-dir"]
+    done = subprocess.run(
+        [*argv, str(job), str(script), *args], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_run_that_restores_its_own_adamw_says_where_it_resumed(tmp_path: Path) -> None:
+    script = tmp_path / "own_checkpoint.py"
+    script.write_text(OWN_CHECKPOINT)
+    own = tmp_path / "own.pt"
+    job = JobFolder(tmp_path / "job")
+    run_agent(script, job.root, 0, str(own), "5")
+    run_agent(script, job.root, 1, str(own), "3")
+    [first] = read_run(job.root, 0).notes
+    [rank] = first.ranks
+    # A fresh AdamW is no evidence: unknown, never "from 0".
+    assert (rank.step, rank.resumed, rank.resumed_by) == (5, None, None)
+    [requeued] = read_run(job.root, 1).notes
+    [rank] = requeued.ranks
+    assert (rank.resumed, rank.resumed_by) == (5, "optimizer")
+    assert (rank.step, rank.job_steps) == (8, True)  # counted on from the 5 it restored
+    events = read_run(job.root, 1).events
+    [first_step] = [e for e in events if e.event == FIRST]  # kept after later attempts
+    assert (first_step.step, first_step.resumed, first_step.resumed_by) == (6, 5, "optimizer")
+    samples = [e for e in events if e.event == STEP]
+    assert samples and samples[-1].step == 8
