@@ -32,6 +32,14 @@ HOW_SEEN = (
 )
 
 
+def resumed_from(step: int, how: str | None) -> str:
+    """``resumed from step 40 (the optimizer's restored step count)``; a load that found no
+    checkpoint: ``started from step 0 (hpclaunch found no checkpoint)``."""
+    if step == 0 and how == "checkpoint":
+        return "started from step 0 (hpclaunch found no checkpoint)"
+    return f"resumed from step {step} ({RESUMED_HOW.get(how or '', how or '?')})"
+
+
 class Basis(enum.Enum):
     RESUMED = "resumed"  # the next run showed where it resumed: the count is a fact
     CHECKPOINT = "checkpoint"  # the next run has not resumed yet: from the last checkpoint
@@ -112,11 +120,9 @@ def _after_resume(run: int, done: int, counted: int, nxt: Attempt) -> RunLoss:
             f"resumed from ({HOW_SEEN}): the steps it repeated are unknown"
         )
         return RunLoss(run, done, counted, None, None, None, Basis.UNKNOWN, True, text)
-    how = RESUMED_HOW.get(nxt.resumed_by or "", nxt.resumed_by or "?")
     repeats = max(done - nxt.resumed, 0)
-    head = (
-        f"run {run} did {_steps(done)}; run {nxt.requeue} resumed from step {nxt.resumed} ({how})"
-    )
+    seen = resumed_from(nxt.resumed, nxt.resumed_by)
+    head = f"run {run} did {_steps(done)}; run {nxt.requeue} {seen}"
     if nxt.resumed > done:
         text = f"{head}, after the last step noted: nothing was repeated"
     elif repeats == 0:

@@ -14,7 +14,7 @@ from hpclaunch.jobdir.progress_notes import NodeProgress
 from hpclaunch.record.attempts import Attempt
 from hpclaunch.record.goodput import duration
 from hpclaunch.record.job_record import RunRecord
-from hpclaunch.record.lost_work import RESUMED_HOW
+from hpclaunch.record.lost_work import resumed_from
 
 # A node whose steps per second are below this share of the fastest node's, and whose
 # count is behind the others' by more than the time between their notes explains, is
@@ -162,8 +162,7 @@ def line(training: Training, now: float) -> str:
         text += "; " + ", ".join(f"{key} {value:.4g}" for key, value in shown)
     resumed = ""
     if training.resumed is not None and training.resumed > 0:
-        how = RESUMED_HOW.get(training.resumed_by or "", training.resumed_by or "?")
-        resumed = f", resumed from step {training.resumed} ({how})"
+        resumed = f", {resumed_from(training.resumed, training.resumed_by)}"
     text += (
         f" (attempt {training.attempt}{resumed}, noted {max(now - training.noted, 0):.0f} s ago)"
     )

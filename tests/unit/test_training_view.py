@@ -244,6 +244,16 @@ def hpclaunch_save(step: int, holds: int | None, time: float) -> Saved:
             "checkpoint, which no note counted",
         ),
         (
+            "the next run found no checkpoint and started over",
+            [attempt(1, 45, resumed=0, by="checkpoint")],
+            [],
+            False,
+            45,
+            True,
+            "run 0 did 45 steps; run 1 started from step 0 (hpclaunch found no checkpoint): it "
+            "repeated 45 steps",
+        ),
+        (
             "the next run resumed past the last note",
             [attempt(1, 80, first_step=51, resumed=50, by="checkpoint")],
             [],
@@ -267,7 +277,8 @@ def test_lost_work_says_only_what_is_known(
     loss = lost_work.run_loss(0, [attempt(0, 45)], following, saved, 60.0, over)
     assert loss is not None, case
     assert (loss.repeats, loss.final, loss.text) == (repeats, final, text), case
-    assert "from step 0" not in loss.text
+    # "from step 0" only where a run showed it started there.
+    assert "from step 0" not in loss.text or "found no checkpoint" in loss.text
 
 
 def test_a_run_whose_own_count_is_unknown_repeats_an_unknown_number() -> None:
