@@ -22,19 +22,17 @@ from hpclaunch.cli.spellings import (
     check_script,
     with_dependency,
 )
-from hpclaunch.errors import HpclaunchError, SpecError
-from hpclaunch.job import rendezvous
-from hpclaunch.job.spec import (
-    DEFAULT_LOG_DIR,
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.agent import DEFAULT_MAX_RESTARTS, EntryKind
+from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_SIGNAL_LEAD_S,
     DEFAULT_SLURM_PATIENCE_S,
-    EntryKind,
-    JobSpec,
 )
-from hpclaunch.job.values import HANG_FLOOR_S, HANG_MULTIPLE
+from hpclaunch.contract.values import HANG_FLOOR_S, HANG_MULTIPLE
+from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
+from hpclaunch.errors import HpclaunchError, SpecError
+from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, JobSpec
 
 if TYPE_CHECKING:
     from hpclaunch.job.profiles import Resolved

@@ -18,16 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.values import parse_endpoints, parse_hang_timeout, parse_nodes
 from hpclaunch.errors import ConfigError, SpecError
-from hpclaunch.job import rendezvous
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
-from hpclaunch.job.values import (
-    parse_endpoints,
-    parse_hang_timeout,
-    parse_mem,
-    parse_nodes,
-    parse_time,
-)
+from hpclaunch.job.spec import GpuDirective, JobSpec
+from hpclaunch.job.values import parse_mem, parse_time
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -115,7 +111,7 @@ _INT = _expect(int, "a whole number")
 _STR = _expect(str, "a string")
 
 # Profile key → (JobSpec field, converter of the TOML value). The rendezvous settings
-# (rdzv and the keys of job.rendezvous.SETTING_KEYS) are flat here and in flags;
+# (rdzv and the keys of contract.rendezvous.SETTING_KEYS) are flat here and in flags;
 # build_spec nests them into JobSpec.rdzv.
 PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "nodes": ("nodes", _str_or_int(parse_nodes, "a number or a string like '2:4'")),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch import progress
-from hpclaunch.job.values import (
+from hpclaunch.contract.values import (
     HANG_AUTO,
     HANG_FLOOR_S,
     HANG_MULTIPLE,

@@ -32,12 +32,12 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
+from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
 from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE
 from hpclaunch.node import failfast, procs, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
 from hpclaunch.node.sweep import Sweeper
-from hpclaunch.node.worker_env import lightning_size, slurm_task_view
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
