@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 from hpclaunch.errors import SpecError
 
-_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
+# Compiled on first use (re's own cache), not by every command that loads this module.
+_ENDPOINT = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z"
 
 
 class Rendezvous:
@@ -126,7 +127,7 @@ class EtcdRdzv(Rendezvous):
                 "settings are for an etcd of your own (--etcd-endpoint)",
             )
         for endpoint in self.endpoints:
-            match = _ENDPOINT.fullmatch(endpoint)
+            match = re.fullmatch(_ENDPOINT, endpoint)
             if not match or not 0 < int(match.group(2)) < 65536:
                 raise SpecError(
                     "etcd_endpoint",

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from hpclaunch.errors import SpecError
 
-_SIGNED = re.compile(r"-?[0-9]+\Z")
+# Patterns are compiled on first use (re's own cache), not by every command that loads
+# this module.
+_SIGNED = r"-?[0-9]+\Z"
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def parse_nodes(text: str) -> NodeRange:
     """Parse ``N`` or ``MIN:MAX``. Raises SpecError."""
     text = text.strip()
     parts = text.split(":")
-    if len(parts) > 2 or not all(_SIGNED.match(p.strip()) for p in parts):
+    if len(parts) > 2 or not all(re.match(_SIGNED, p.strip()) for p in parts):
         hint = ""
         if re.fullmatch(r"[0-9]+-[0-9]+", text):
             hint = f"; for a range write {text.replace('-', ':')}"

@@ -44,8 +44,9 @@ MANAGED_SRUN_OPTIONS = frozenset(
     {"nodes", "N", "ntasks", "n", "ntasks-per-node", "kill-on-bad-exit", "K", "cpus-per-task", "c"}
 )
 
-_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
+# Compiled on first use (re's own cache): a spec without env or options needs neither.
+_SHELL_NAME = r"[A-Za-z_][A-Za-z0-9_]*\Z"
+_OPTION_NAME = r"[A-Za-z][A-Za-z0-9-]*\Z"
 
 
 class GpuDirective(enum.Enum):
@@ -260,7 +261,7 @@ class JobSpec:
                     f"{key!r} is set by hpclaunch itself; use its option instead "
                     "(e.g. --checkpoint-dir for HPCLAUNCH_CHECKPOINT_DIR)",
                 )
-            if not _SHELL_NAME.match(key):
+            if not re.match(_SHELL_NAME, key):
                 raise SpecError(
                     "env",
                     f"{key!r} is not a valid environment variable name; use letters, digits "
@@ -273,7 +274,7 @@ class JobSpec:
         name: str, options: tuple[tuple[str, str | None], ...], *, sbatch: bool
     ) -> None:
         for key, value in options:
-            if not _OPTION_NAME.match(key):
+            if not re.match(_OPTION_NAME, key):
                 raise SpecError(
                     name,
                     f"{key!r} is not an option name; write it without leading dashes, "

@@ -15,8 +15,10 @@ from datetime import timedelta
 from hpclaunch.errors import SpecError
 from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
-_DIGITS = re.compile(r"[0-9]+\Z")
-_MEM = re.compile(r"([0-9]+)([KMGT]?)\Z", re.IGNORECASE)
+# Patterns are compiled on first use (re's own cache): a command pays only for the
+# values it is given.
+_DIGITS = r"[0-9]+\Z"
+_MEM = r"(?i)([0-9]+)([KMGT]?)\Z"
 _UNLIMITED_WORDS = frozenset({"unlimited", "infinite"})
 # SLURM keeps time limits as 32-bit minute counts.
 MAX_TIME_S = 0xFFFFFFFE * 60
@@ -39,12 +41,12 @@ def parse_time(text: str) -> timedelta:
     rest = text
     if "-" in text:
         day_text, _, rest = text.partition("-")
-        if not _DIGITS.match(day_text):
+        if not re.match(_DIGITS, day_text):
             rest = ""  # forces the error below
         else:
             days = int(day_text)
     fields = rest.split(":")
-    if not rest or len(fields) > 3 or not all(_DIGITS.match(f) for f in fields):
+    if not rest or len(fields) > 3 or not all(re.match(_DIGITS, f) for f in fields):
         raise SpecError(
             "time",
             f"{raw!r} is not a SLURM time limit; use one of M, M:S, H:M:S, D-H, D-H:M, "
@@ -81,7 +83,7 @@ def format_time(limit: timedelta) -> str:
 
 def parse_mem(text: str) -> str:
     """Validate SLURM's ``--mem`` form (``64G``, ``500M``, ``0`` = all). Raises SpecError."""
-    match = _MEM.fullmatch(text.strip())
+    match = re.fullmatch(_MEM, text.strip())
     if not match:
         raise SpecError(
             "mem",
@@ -136,7 +138,7 @@ def folder_pattern(pattern: str) -> str:
 # sbatch's --dependency: TYPE:JOBID[+MINUTES][:JOBID...] parts (singleton alone), joined by
 # "," (all must hold) or "?" (any may); SLURM 22.05's types.
 DEPENDENCY_TYPES = ("after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok")
-_DEPENDENCY_PART = re.compile(
+_DEPENDENCY_PART = (
     rf"(?:{'|'.join(DEPENDENCY_TYPES)})(?::[0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?)+\Z|singleton\Z"
 )
 
@@ -145,7 +147,7 @@ def parse_dependency(text: str) -> str:
     """Check sbatch's ``--dependency`` value; returns it unchanged. Raises SpecError."""
     joins = [sep for sep in ",?" if sep in text]
     parts = re.split(r"[,?]", text)
-    bad = [part for part in parts if not _DEPENDENCY_PART.match(part)]
+    bad = [part for part in parts if not re.match(_DEPENDENCY_PART, part)]
     if len(joins) > 1 or bad or not text:
         what = f"{bad[0]!r} in " if bad and bad[0] != text else ""
         raise SpecError(
