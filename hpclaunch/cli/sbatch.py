@@ -319,7 +319,6 @@ def resolve_job(
     Raises SpecError or ConfigError."""
     from hpclaunch.job.profiles import Entry, load_profile, resolve
     from hpclaunch.job.values import folder_pattern
-    from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
     flags["sbatch_options"] = with_dependency(flags)
     if flags["template"] is not None:
@@ -337,11 +336,14 @@ def resolve_job(
             f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
             "check the path, or use -m for a module or --no-python for an executable",
         )
-    for pattern in done.spec.checkpoint_patterns:
-        if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
-            raise SpecError(
-                "checkpoint_patterns", f"--checkpoint-pattern: {folder_pattern(pattern)}"
-            )
+    if done.spec.checkpoint_patterns:  # the patterns' reader loads only for a job with some
+        from hpclaunch.jobdir.found_checkpoints import has_wildcard
+
+        for pattern in done.spec.checkpoint_patterns:
+            if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
+                raise SpecError(
+                    "checkpoint_patterns", f"--checkpoint-pattern: {folder_pattern(pattern)}"
+                )
     return done
 
 

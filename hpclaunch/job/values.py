@@ -13,7 +13,6 @@ import re
 from datetime import timedelta
 
 from hpclaunch.errors import SpecError
-from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
 # Patterns are compiled on first use (re's own cache): a command pays only for the
 # values it is given.
@@ -110,6 +109,10 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
 def check_checkpoint_pattern(pattern: str) -> None:
     """Reject a ``--checkpoint-pattern`` glob that can never name a checkpoint file:
     empty, ``**`` inside a name, or one folder named outright. Raises SpecError."""
+    # Imported here: the patterns' reader says what a wildcard is, and the login node
+    # loads it only for a job that gives patterns.
+    from hpclaunch.jobdir.found_checkpoints import has_wildcard
+
     field = "checkpoint_patterns"
     if not pattern.strip():
         raise SpecError(

@@ -18,6 +18,7 @@ NOT_ON_THE_LOGIN_NODE = (
     "hpclaunch.progress",  # the worker API
     "hpclaunch.slurm",  # a dry run asks SLURM nothing
     "hpclaunch.ops",  # operating submitted jobs
+    "hpclaunch.record",  # reading a job folder: a job not yet submitted has none
     "hpclaunch.executor",  # submitit's interface
     "hpclaunch.sandbox",  # the development cluster
     "torch",  # seconds of import; the login node never needs it
