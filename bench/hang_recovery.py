@@ -48,7 +48,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch.node import hangs, procs
+from hpclaunch import procs
+from hpclaunch.node import hangs
 
 STOP_AT = 20  # the step before which rank 1 stops itself
 MARKER = "HPCLAUNCH_BENCH_RUN"

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.sandbox.cluster import Sandbox
 from hpclaunch.sandbox.conf import Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH

@@ -5,6 +5,9 @@ Importing this package never imports torch.
 """
 
 from hpclaunch._version import __version__
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
+from hpclaunch.contract.values import NodeRange
 from hpclaunch.errors import (
     ConfigError,
     HpclaunchError,
@@ -13,9 +16,7 @@ from hpclaunch.errors import (
     SpecError,
     TemplateError,
 )
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
-from hpclaunch.job.values import NodeRange
+from hpclaunch.job.spec import GpuDirective, JobSpec
 
 _LAZY = {"Executor", "ExecutorError", "Job"}  # hpclaunch.executor imports submitit
 

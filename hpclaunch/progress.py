@@ -44,11 +44,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, TypeVar, cast
 
+from hpclaunch.contract.worker_env import ATTEMPT, REQUEUE_COUNT
+from hpclaunch.contract.worker_env import PROGRESS_FILE as PROGRESS_FILE
+from hpclaunch.contract.worker_env import STACKS_FILE as STACKS_FILE
+from hpclaunch.contract.worker_env import WATCHER_PID as WATCHER_PID
 from hpclaunch.jobdir.atomic import write_bytes_atomic
-from hpclaunch.node.worker_env import ATTEMPT, REQUEUE_COUNT
-from hpclaunch.node.worker_env import PROGRESS_FILE as PROGRESS_FILE
-from hpclaunch.node.worker_env import STACKS_FILE as STACKS_FILE
-from hpclaunch.node.worker_env import WATCHER_PID as WATCHER_PID
 
 # The file: a head that every report rewrites, then the resume point, written only when
 # it is seen (so that a report packs no more than before).

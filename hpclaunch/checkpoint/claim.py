@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpclaunch import procs
 from hpclaunch.checkpoint import owner as marker
 from hpclaunch.checkpoint import store
 from hpclaunch.checkpoint.owner import Kind, MarkerError, Owner
@@ -29,7 +30,6 @@ from hpclaunch.checkpoint.sharing import (
     decide,
 )
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.node import procs
 from hpclaunch.slurm.states import JobState
 
 if TYPE_CHECKING:

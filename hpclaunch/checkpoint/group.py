@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpclaunch.checkpoint.store import CheckpointError
-from hpclaunch.node import worker_env
+from hpclaunch.contract import worker_env
 
 _made: dict[int, Any] = {}  # id of the default group -> the checkpoint's group for it
 

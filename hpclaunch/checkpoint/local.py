@@ -23,8 +23,8 @@ from typing import Any
 from hpclaunch.checkpoint import store
 from hpclaunch.checkpoint.group import Ranks, attempt_tag
 from hpclaunch.checkpoint.store import CheckpointError
+from hpclaunch.contract import worker_env
 from hpclaunch.jobdir.checkpoint_folder import METADATA
-from hpclaunch.node import worker_env
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpclaunch.contract import worker_env
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX, TEMP, scan
-from hpclaunch.node import worker_env
 
 ENV_VAR = worker_env.CHECKPOINT_DIR
 DEFAULT_KEEP_LAST = 2

@@ -1,5 +1,5 @@
 """``hpclaunch agent``: one per node, inside the allocation. Its options are
-generated from the agent's settings table (hpclaunch.node.options.AgentSettings),
+generated from the agent's settings table (hpclaunch.contract.agent.AgentSettings),
 the one the rendered script is written from."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import click
 
 from hpclaunch.cli.context import CliContext, fail, settings_options
 from hpclaunch.cli.spellings import AGENT_REFUSED, ScriptCommand, check_script
+from hpclaunch.contract.agent import AgentSettings
 from hpclaunch.errors import HpclaunchError
-from hpclaunch.node.options import AgentSettings
 from hpclaunch.node.torch_version import check_installed_torch
 
 if TYPE_CHECKING:
-    from hpclaunch.node.options import LaunchPlan
+    from hpclaunch.node.launch_plan import LaunchPlan
     from hpclaunch.slurm.env import NodeContext
 
 
@@ -46,9 +46,9 @@ def agent(
 
     Runs inside an allocation, once per node: srun --ntasks-per-node=1 hpclaunch agent ...
     """
-    from hpclaunch.job.contract import from_values
+    from hpclaunch.contract.table import from_values
     from hpclaunch.node import agent as node_agent
-    from hpclaunch.node import options
+    from hpclaunch.node import launch_plan
 
     check_script(script, args, AGENT_REFUSED)
     opts = from_values(AgentSettings, values, entrypoint=script, args=args)
@@ -68,7 +68,7 @@ def agent(
             node_agent.check_job_folder(ctx, opts, obj.env)
         if opts.etcd_sidecar:
             opts, sidecar = node_agent.etcd_sidecar(ctx, opts, master, start=not dry_run)
-        plan = options.launch_settings(ctx, opts, master, local)
+        plan = launch_plan.launch_settings(ctx, opts, master, local)
     except HpclaunchError as exc:
         if sidecar is not None:
             sidecar.stop()
@@ -93,9 +93,9 @@ def _dry_run(
     """What ``--dry-run`` prints: the node context, the launch plan, the workers."""
     from hpclaunch.jobdir.layout import JobFolder
     from hpclaunch.node import agent as node_agent
-    from hpclaunch.node import options
+    from hpclaunch.node import launch_plan
 
-    launcher, launcher_args = options.launched_as(opts, os.getpid(), shutil.which("setpriv"))
+    launcher, launcher_args = launch_plan.launched_as(opts, os.getpid(), shutil.which("setpriv"))
     return {
         "context": {
             "job_id": ctx.job_id,
@@ -117,8 +117,8 @@ def _dry_run(
             .attempt(ctx.restart_count, ctx.step_id, 0)
             .path
         ),
-        "worker_command": list(options.worker_command(opts)),
+        "worker_command": list(launch_plan.worker_command(opts)),
         "launched_as": [launcher, *launcher_args],
-        "worker_start": "warm" if options.starts_warm(opts) else "fresh",
-        "worker_env": options.worker_env(ctx, opts.rdzv),
+        "worker_start": "warm" if launch_plan.starts_warm(opts) else "fresh",
+        "worker_env": launch_plan.worker_env(ctx, opts.rdzv),
     }

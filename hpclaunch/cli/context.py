@@ -15,9 +15,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from hpclaunch.cli.spellings import alias_decls
+from hpclaunch.contract import table
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.values import parse_endpoints, parse_hang_timeout, parse_nodes
 from hpclaunch.errors import HpclaunchError, SpecError
-from hpclaunch.job import contract
-from hpclaunch.job.spec import EntryKind
+from hpclaunch.job.values import (
+    parse_dependency,
+    parse_env,
+    parse_mem,
+    parse_sbatch_option,
+    parse_time,
+)
 
 if TYPE_CHECKING:
     from hpclaunch.slurm.commands import Slurm
@@ -84,17 +92,15 @@ class SpecParam(click.ParamType):  # type: ignore[type-arg]
 
 
 def _types() -> dict[str, SpecParam]:
-    from hpclaunch.job import values
-
     return {
-        "nodes": SpecParam("N|MIN:MAX", values.parse_nodes),
-        "time": SpecParam("TIME", values.parse_time),
-        "mem": SpecParam("SIZE", values.parse_mem),
-        "env": SpecParam("KEY=VALUE", values.parse_env),
-        "option": SpecParam("KEY[=VALUE]", values.parse_sbatch_option),
-        "endpoints": SpecParam("HOST:PORT[,...]", values.parse_endpoints),
-        "hang_timeout": SpecParam("SECONDS|auto|off", values.parse_hang_timeout),
-        "dependency": SpecParam("SPEC", values.parse_dependency),
+        "nodes": SpecParam("N|MIN:MAX", parse_nodes),
+        "time": SpecParam("TIME", parse_time),
+        "mem": SpecParam("SIZE", parse_mem),
+        "env": SpecParam("KEY=VALUE", parse_env),
+        "option": SpecParam("KEY[=VALUE]", parse_sbatch_option),
+        "endpoints": SpecParam("HOST:PORT[,...]", parse_endpoints),
+        "hang_timeout": SpecParam("SECONDS|auto|off", parse_hang_timeout),
+        "dependency": SpecParam("SPEC", parse_dependency),
     }
 
 
@@ -114,20 +120,20 @@ class EnumChoice(click.Choice):  # type: ignore[type-arg]
         return self._kind(super().convert(value, param, ctx))
 
 
-def _param_type(kind: contract.Kind) -> Any:
+def _param_type(kind: table.Kind) -> Any:
     """The click type that parses (and bounds) a value of ``kind``."""
-    if isinstance(kind, contract.Number):
+    if isinstance(kind, table.Number):
         if kind.min is None and kind.max is None:
             return click.INT if kind.type is int else click.FLOAT
         bounded = click.IntRange if kind.type is int else click.FloatRange
         return bounded(kind.min, kind.max)
-    if isinstance(kind, contract.Choice):
+    if isinstance(kind, table.Choice):
         return EnumChoice(kind.enum)
-    if isinstance(kind, contract.Name):
+    if isinstance(kind, table.Name):
         return click.Choice(list(kind.choices))
-    if isinstance(kind, contract.Folder):
+    if isinstance(kind, table.Folder):
         return click.Path(file_okay=False, path_type=Path)
-    if isinstance(kind, contract.Parsed):
+    if isinstance(kind, table.Parsed):
         return TYPES[kind.type_name]
     return None  # Text, Texts: click's default, a string (each)
 
@@ -136,10 +142,10 @@ def _member_param(decls: tuple[str, ...]) -> str:
     return decls[-1].lstrip("-").replace("-", "_")
 
 
-def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
+def _options(row: table.Row, default: Any) -> list[Callable[[Any], Any]]:
     """The click option(s) of one settings row."""
     kind, help_text = row.setting.kind, row.setting.help
-    if isinstance(kind, contract.Flags):
+    if isinstance(kind, table.Flags):
         return [
             click.option(*decls, _member_param(decls), is_flag=True, help=text)
             for decls, text in kind.members.values()
@@ -147,7 +153,7 @@ def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
     if isinstance(default, enum.Enum):
         default = default.value  # click shows and converts the value, as typed
     shown = default not in (None, (), False)
-    if isinstance(kind, contract.Flag):
+    if isinstance(kind, table.Flag):
         decl = f"{row.setting.option}/{kind.off}" if kind.off else row.setting.option
         flag = click.option(
             decl, row.name, is_flag=True, default=default, show_default=shown, help=help_text
@@ -161,17 +167,17 @@ def _options(row: contract.Row, default: Any) -> list[Callable[[Any], Any]]:
             default=default,
             show_default=shown,
             help=help_text,
-            multiple=isinstance(kind, contract.Texts),
+            multiple=isinstance(kind, table.Texts),
         )
     ]
 
 
 def settings_options(cls: type[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Generate the click options of settings dataclass ``cls`` from its table
-    (hpclaunch.job.contract). The command gets their values as one ``values``
-    mapping by field name, ready for ``contract.from_values``; a choice made by
+    (hpclaunch.contract.table). The command gets their values as one ``values``
+    mapping by field name, ready for ``table.from_values``; a choice made by
     several flags (``-m``/``--no-python``) exits 2 when more than one is given."""
-    rows = contract.table(cls)
+    rows = table.table(cls)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -187,10 +193,10 @@ def settings_options(cls: type[Any]) -> Callable[[Callable[..., Any]], Callable[
     return decorate
 
 
-def _take(row: contract.Row, kwargs: dict[str, Any]) -> Any:
+def _take(row: table.Row, kwargs: dict[str, Any]) -> Any:
     """The value of ``row`` among a command's keyword arguments (removed from them)."""
     kind = row.setting.kind
-    if not isinstance(kind, contract.Flags):
+    if not isinstance(kind, table.Flags):
         return kwargs.pop(row.name)
     given = [(m, d) for m, (d, _) in kind.members.items() if kwargs.pop(_member_param(d))]
     if len(given) > 1:
@@ -203,12 +209,12 @@ def etcd_access_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """TLS and user options for an etcd of your own, as ``hpclaunch sbatch`` takes them:
     the agent's own rows, without defaults (a profile may give them). No password
     option: it would land in the script and in ps."""
-    from hpclaunch.node.options import AgentSettings
+    from hpclaunch.contract.agent import AgentSettings
 
     access = ("etcd_binary", "etcd_cacert", "etcd_cert", "etcd_key", "etcd_user")
     rows = [
         r
-        for r in contract.table(AgentSettings)
+        for r in table.table(AgentSettings)
         if r.name in (*access, "etcd_password_file", "etcd_outage_timeout")
     ]
     for row in reversed(rows):

@@ -22,19 +22,17 @@ from hpclaunch.cli.spellings import (
     check_script,
     with_dependency,
 )
-from hpclaunch.errors import HpclaunchError, SpecError
-from hpclaunch.job import rendezvous
-from hpclaunch.job.spec import (
-    DEFAULT_LOG_DIR,
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.agent import DEFAULT_MAX_RESTARTS, EntryKind
+from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_SIGNAL_LEAD_S,
     DEFAULT_SLURM_PATIENCE_S,
-    EntryKind,
-    JobSpec,
 )
-from hpclaunch.job.values import HANG_FLOOR_S, HANG_MULTIPLE
+from hpclaunch.contract.values import HANG_FLOOR_S, HANG_MULTIPLE
+from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
+from hpclaunch.errors import HpclaunchError, SpecError
+from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, JobSpec
 
 if TYPE_CHECKING:
     from hpclaunch.job.profiles import Resolved
@@ -321,7 +319,6 @@ def resolve_job(
     Raises SpecError or ConfigError."""
     from hpclaunch.job.profiles import Entry, load_profile, resolve
     from hpclaunch.job.values import folder_pattern
-    from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
     flags["sbatch_options"] = with_dependency(flags)
     if flags["template"] is not None:
@@ -339,11 +336,14 @@ def resolve_job(
             f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
             "check the path, or use -m for a module or --no-python for an executable",
         )
-    for pattern in done.spec.checkpoint_patterns:
-        if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
-            raise SpecError(
-                "checkpoint_patterns", f"--checkpoint-pattern: {folder_pattern(pattern)}"
-            )
+    if done.spec.checkpoint_patterns:  # the patterns' reader loads only for a job with some
+        from hpclaunch.jobdir.found_checkpoints import has_wildcard
+
+        for pattern in done.spec.checkpoint_patterns:
+            if not has_wildcard(pattern) and (obj.cwd / pattern).is_dir():
+                raise SpecError(
+                    "checkpoint_patterns", f"--checkpoint-pattern: {folder_pattern(pattern)}"
+                )
     return done
 
 

@@ -74,8 +74,9 @@ AGENT_REFUSED: Mapping[str, str] = {
     "--log-dir": "torchrun's: use --job-dir (rank logs go to its logs/)",
 }
 
-# What torchrun and sbatch put after their own flags, mistaken for SCRIPT after ours.
-_BARE_VALUE = re.compile(r"(\d+(:\d+)?(,\d+:\d+)*|true|false|yes|no|on|off)\Z", re.IGNORECASE)
+# What torchrun and sbatch put after their own flags, mistaken for SCRIPT after ours;
+# compiled on first use (re's own cache), not by every command.
+_BARE_VALUE = r"(?i)(\d+(:\d+)?(,\d+:\d+)*|true|false|yes|no|on|off)\Z"
 RAW_ARGS = "hpclaunch.raw_args"
 
 
@@ -108,7 +109,7 @@ def check_script(script: str, args: Sequence[str], table: Mapping[str, str]) -> 
         known = [opt for param in ctx.command.params for opt in param.opts if "_" not in opt]
         raise click.NoSuchOption(name, possibilities=known, ctx=ctx)
     flag = _flag_before(ctx, args)
-    if flag is not None and _BARE_VALUE.match(script):
+    if flag is not None and re.match(_BARE_VALUE, script):
         tee = " (torchrun's --tee 3 is --tee here, the default)" if flag == "--tee" else ""
         raise click.UsageError(
             f"{flag} takes no value, so {script!r} after it would be taken as SCRIPT; "

@@ -1,5 +1,5 @@
 """``hpclaunch supervise``: the batch step the rendered script runs. Its options are
-generated from the supervisor's settings table (hpclaunch.recovery.settings)."""
+generated from the supervisor's settings table (hpclaunch.contract.supervisor)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from hpclaunch.cli.context import CliContext, fail, settings_options
+from hpclaunch.contract.supervisor import SupervisorSettings
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.recovery.settings import SupervisorSettings
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -26,7 +26,7 @@ def supervise(obj: CliContext, /, step: tuple[str, ...], values: Mapping[str, An
     USR2) it requeues the job once the step has ended (exit status 0, or 4 when
     --max-requeues is spent); otherwise it exits with STEP's status.
     """
-    from hpclaunch.job.contract import from_values
+    from hpclaunch.contract.table import from_values
     from hpclaunch.recovery.supervisor import supervise as run_supervised
 
     settings = from_values(SupervisorSettings, values)

@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 
 from hpclaunch import checkpoint
+from hpclaunch.contract.agent import AgentSettings, EntryKind
+from hpclaunch.contract.rendezvous import C10dRdzv
 from hpclaunch.executor.local_settings import LocalSettings
-from hpclaunch.job.rendezvous import C10dRdzv
-from hpclaunch.job.spec import EntryKind
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 from hpclaunch.record.job_record import read_run
 from hpclaunch.slurm.env import NodeContext, derive_port
@@ -68,7 +68,7 @@ def _claim_checkpoints(folder: Path, job_id: int, settings: LocalSettings) -> in
 
 def main(argv: list[str] | None = None) -> int:
     from hpclaunch.executor.params import WORKER_MODULE
-    from hpclaunch.node import agent, options
+    from hpclaunch.node import agent, launch_plan
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         nproc_source="nproc_per_node",
         master_port=settings.master_port or derive_port(job_id),
     )
-    opts = options.AgentOptions(
+    opts = AgentSettings(
         entrypoint=WORKER_MODULE,
         args=(str(folder),),
         entry_kind=EntryKind.MODULE,
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         settings_path.unlink(missing_ok=True)
         return refused
-    launch = options.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
+    launch = launch_plan.launch_settings(ctx, opts, LOOPBACK, LOOPBACK)
     status = agent.launch(ctx, opts, launch, os.environ)
     if status == 128 + TIME_LIMIT_SIGNAL:
         if requeue < settings.max_requeues:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.rendezvous import EtcdRdzv
 from hpclaunch.errors import SpecError
 from hpclaunch.job.profiles import PROFILE_KEYS, Entry, Profile, build_spec
-from hpclaunch.job.rendezvous import EtcdRdzv
-from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, EntryKind, JobSpec
+from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, JobSpec
 
 # The module every worker rank runs: it loads the pickled call and runs it.
 WORKER_MODULE = "hpclaunch.executor.worker"

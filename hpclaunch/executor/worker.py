@@ -31,9 +31,9 @@ from types import FrameType
 from typing import Any
 
 from hpclaunch import checkpoint
+from hpclaunch.contract import worker_env
 from hpclaunch.executor import sources
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, ExecutorFolder
-from hpclaunch.node import worker_env
 
 log = logging.getLogger("hpclaunch.executor")
 

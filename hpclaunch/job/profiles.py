@@ -9,7 +9,6 @@ the key and the fix.
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 import sys
@@ -18,21 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.values import parse_endpoints, parse_hang_timeout, parse_nodes
 from hpclaunch.errors import ConfigError, SpecError
-from hpclaunch.job import rendezvous
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
-from hpclaunch.job.values import (
-    parse_endpoints,
-    parse_hang_timeout,
-    parse_mem,
-    parse_nodes,
-    parse_time,
-)
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+from hpclaunch.job.spec import GpuDirective, JobSpec
+from hpclaunch.job.values import parse_mem, parse_time
 
 PROJECT_FILE = "hpclaunch.toml"
 DEFAULT_PROFILE = "default"
@@ -115,7 +105,7 @@ _INT = _expect(int, "a whole number")
 _STR = _expect(str, "a string")
 
 # Profile key → (JobSpec field, converter of the TOML value). The rendezvous settings
-# (rdzv and the keys of job.rendezvous.SETTING_KEYS) are flat here and in flags;
+# (rdzv and the keys of contract.rendezvous.SETTING_KEYS) are flat here and in flags;
 # build_spec nests them into JobSpec.rdzv.
 PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "nodes": ("nodes", _str_or_int(parse_nodes, "a number or a string like '2:4'")),
@@ -200,6 +190,13 @@ def profile_files(cwd: Path, env: Mapping[str, str]) -> list[Path]:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The profile tables of the TOML file ``path``. Raises ConfigError."""
+    # Imported here: only a folder with a profile file pays for the TOML parser.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
     try:
         with path.open("rb") as handle:
             data = tomllib.load(handle)
@@ -223,6 +220,8 @@ def convert_profile(name: str, path: Path, table: Mapping[str, Any]) -> Profile:
     values: dict[str, Any] = {}
     for key, raw in table.items():
         if key not in PROFILE_KEYS:
+            import difflib  # the hint of an error only
+
             close = difflib.get_close_matches(key.replace("-", "_"), PROFILE_KEYS, n=1, cutoff=0.5)
             hint = (
                 f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(PROFILE_KEYS)}"

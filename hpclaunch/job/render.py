@@ -20,12 +20,12 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from hpclaunch._version import __version__
+from hpclaunch.contract.agent import AgentSettings
+from hpclaunch.contract.supervisor import SupervisorSettings
 from hpclaunch.errors import TemplateError
 from hpclaunch.job.spec import GpuDirective, JobSpec
 from hpclaunch.job.values import format_time
 from hpclaunch.jobdir import layout
-from hpclaunch.node.options import AgentSettings
-from hpclaunch.recovery.settings import SupervisorSettings
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 BUILTIN_PREFIX = "hpclaunch/"
@@ -171,17 +171,60 @@ def directives(spec: JobSpec) -> list[Shell]:
     return out
 
 
+def agent_settings(spec: JobSpec, *, supervised: bool = False) -> AgentSettings:
+    """The settings the rendered script gives every node's agent for ``spec``;
+    ``supervised``: the step runs under ``hpclaunch supervise``."""
+    # The spec's rendezvous settings are read here and nowhere else in the script.
+    return AgentSettings(
+        entrypoint=spec.entrypoint,
+        args=spec.args,
+        entry_kind=spec.entry_kind,
+        nnodes=spec.nodes,
+        nproc_per_node=spec.effective_nproc_per_node,
+        rdzv=spec.rdzv.name,
+        max_restarts=spec.max_restarts,
+        grace_period_s=spec.agent_grace_s,
+        hang_timeout=spec.hang_timeout,
+        node_multiple=spec.node_multiple,
+        master_port=spec.master_port,
+        supervised=supervised,
+        no_kill=spec.no_kill,
+        etcd_endpoints=spec.etcd_endpoints,
+        etcd_sidecar=spec.etcd_sidecar,
+        etcd_binary=spec.etcd_binary,
+        etcd_cacert=spec.etcd_cacert,
+        etcd_cert=spec.etcd_cert,
+        etcd_key=spec.etcd_key,
+        etcd_user=spec.etcd_user,
+        etcd_password_file=spec.etcd_password_file,
+        etcd_outage_timeout=spec.etcd_outage_timeout,
+    )
+
+
+def supervisor_settings(spec: JobSpec) -> SupervisorSettings:
+    """The settings the rendered script gives the supervisor for ``spec``: the step
+    gets the whole signal lead to end after SLURM's warning."""
+    return SupervisorSettings(
+        max_requeues=spec.max_requeues,
+        grace_period_s=spec.signal_lead_s,
+        max_failure_requeues=spec.max_failure_requeues,
+        adopt_checkpoints=spec.adopt_checkpoints,
+        slurm_patience_s=float(spec.slurm_patience_s),
+        checkpoint_patterns=spec.checkpoint_patterns,
+    )
+
+
 def agent_argv(spec: JobSpec, *, supervised: bool = False) -> list[str]:
     """``hpclaunch agent ...`` as run on each node, up to the training command: the
     agent's settings for ``spec``, written by their own table. ``supervised``: the
     step runs under ``hpclaunch supervise`` (the launch line), and the agents are told."""
-    settings = AgentSettings.from_spec(spec, supervised=supervised)
+    settings = agent_settings(spec, supervised=supervised)
     return [*spec.launcher, "agent", *settings.to_argv()]
 
 
 def supervisor_argv(spec: JobSpec) -> list[str]:
     """``hpclaunch supervise ...`` up to the step, but --job-dir (shell, added by context)."""
-    return ["hpclaunch", "supervise", *SupervisorSettings.from_spec(spec).to_argv()]
+    return ["hpclaunch", "supervise", *supervisor_settings(spec).to_argv()]
 
 
 def context(spec: JobSpec) -> dict[str, Any]:

@@ -14,24 +14,27 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePath
+from typing import Any
 
+from hpclaunch.contract import values
+from hpclaunch.contract.agent import (
+    DEFAULT_MAX_RESTARTS,
+    EntryKind,
+    agent_grace_for,
+)
+from hpclaunch.contract.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, choices, elastic_names
+from hpclaunch.contract.supervisor import (
+    DEFAULT_MAX_FAILURE_REQUEUES,
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SLURM_PATIENCE_S,
+)
+from hpclaunch.contract.values import NodeRange
+from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
 from hpclaunch.errors import SpecError
-from hpclaunch.job import values
 from hpclaunch.job.managed import MANAGED_SBATCH_OPTIONS
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdSetting, Rendezvous, choices, elastic_names
-from hpclaunch.job.values import NodeRange, check_checkpoint_pattern, format_time, parse_mem
+from hpclaunch.job.values import check_checkpoint_pattern, format_time, parse_mem
 
-DEFAULT_LOG_DIR = "hpclaunch-logs"
 DEFAULT_SIGNAL_LEAD_S = 120
-DEFAULT_MAX_RESTARTS = 3
-DEFAULT_MAX_REQUEUES = 3
-DEFAULT_GRACE_PERIOD_S = 30  # after a signal is passed on, for the workers to exit
-# How long the supervisor gives the step after a signal, unless the script sets it.
-DEFAULT_SUPERVISOR_GRACE_S = 90.0
-# Requeues without bad nodes a job gets (preemptions and time limits do not count).
-DEFAULT_MAX_FAILURE_REQUEUES = 2
-# How long the supervisor keeps trying an unreachable slurmctld after a failed step.
-DEFAULT_SLURM_PATIENCE_S = 300
 ONE_NODE = NodeRange(1, 1)
 # SLURM stores the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD_S = 0xFFFF
@@ -41,23 +44,9 @@ MANAGED_SRUN_OPTIONS = frozenset(
     {"nodes", "N", "ntasks", "n", "ntasks-per-node", "kill-on-bad-exit", "K", "cpus-per-task", "c"}
 )
 
-_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*\Z")
-
-
-class EntryKind(enum.Enum):
-    """What the training command is."""
-
-    SCRIPT = "script"  # python SCRIPT ARGS...
-    MODULE = "module"  # python -m MODULE ARGS...
-    EXECUTABLE = "executable"  # EXECUTABLE ARGS... (--no-python)
-
-
-class WorkerStart(enum.Enum):
-    """How the agent starts python workers (an executable always starts fresh)."""
-
-    WARM = "warm"  # forked from the agent's zygote, torch already imported
-    FRESH = "fresh"  # a new interpreter each, as torchrun does
+# Compiled on first use (re's own cache): a spec without env or options needs neither.
+_SHELL_NAME = r"[A-Za-z_][A-Za-z0-9_]*\Z"
+_OPTION_NAME = r"[A-Za-z][A-Za-z0-9-]*\Z"
 
 
 class GpuDirective(enum.Enum):
@@ -90,11 +79,20 @@ def _check_count(name: str, value: int, minimum: int) -> None:
         raise SpecError(name, f"{value} is below the minimum of {minimum}; give {minimum} or more")
 
 
-def agent_grace_for(signal_lead_s: float) -> int:
-    """How long each agent gives its workers after passing a signal on: three quarters
-    of the signal lead, so that a checkpoint written after the time-limit warning is
-    done before SLURM's limit."""
-    return max(1, int(signal_lead_s) * 3 // 4)
+class EtcdSetting:
+    """A read-only JobSpec attribute ``etcd_NAME``: the etcd rendezvous' ``NAME``,
+    or its default under another backend. Templates and scripts were written against
+    these flat names (docs/templates.md lists them)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = name.removeprefix("etcd_")
+
+    def __get__(self, spec: Any, owner: type | None = None) -> Any:
+        if spec is None:
+            return self
+        if isinstance(spec.rdzv, EtcdRdzv):
+            return getattr(spec.rdzv, self._attr)
+        return next(f.default for f in dataclasses.fields(EtcdRdzv) if f.name == self._attr)
 
 
 @dataclass(frozen=True)
@@ -263,7 +261,7 @@ class JobSpec:
                     f"{key!r} is set by hpclaunch itself; use its option instead "
                     "(e.g. --checkpoint-dir for HPCLAUNCH_CHECKPOINT_DIR)",
                 )
-            if not _SHELL_NAME.match(key):
+            if not re.match(_SHELL_NAME, key):
                 raise SpecError(
                     "env",
                     f"{key!r} is not a valid environment variable name; use letters, digits "
@@ -276,7 +274,7 @@ class JobSpec:
         name: str, options: tuple[tuple[str, str | None], ...], *, sbatch: bool
     ) -> None:
         for key, value in options:
-            if not _OPTION_NAME.match(key):
+            if not re.match(_OPTION_NAME, key):
                 raise SpecError(
                     name,
                     f"{key!r} is not an option name; write it without leading dashes, "

@@ -1,80 +1,29 @@
-"""Parsers for the values users type (``2:4``, ``04:00:00``, ``64G``, ``K=V``).
+"""Parsers for the values users type on the login node (``04:00:00``, ``64G``, ``K=V``,
+a dependency, a checkpoint pattern).
 
 Shared by the CLI's parameter types and the profile loader, so a value means
-the same wherever it is written. Each raises SpecError naming the option.
+the same wherever it is written. Each raises SpecError naming the option. The values
+that the script also passes on to the agent (a node range, a hang timeout, etcd
+endpoints) are parsed in ``hpclaunch.contract.values``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import timedelta
 
 from hpclaunch.errors import SpecError
-from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
-_DIGITS = re.compile(r"[0-9]+\Z")
-_SIGNED = re.compile(r"-?[0-9]+\Z")
-_MEM = re.compile(r"([0-9]+)([KMGT]?)\Z", re.IGNORECASE)
+# Patterns are compiled on first use (re's own cache): a command pays only for the
+# values it is given.
+_DIGITS = r"[0-9]+\Z"
+_MEM = r"(?i)([0-9]+)([KMGT]?)\Z"
 _UNLIMITED_WORDS = frozenset({"unlimited", "infinite"})
 # SLURM keeps time limits as 32-bit minute counts.
 MAX_TIME_S = 0xFFFFFFFE * 60
 UNLIMITED = timedelta.max
 """The time limit ``UNLIMITED``; ``None`` in a JobSpec means no limit was asked
 for (the partition's default applies)."""
-
-
-@dataclass(frozen=True)
-class NodeRange:
-    """A node count, fixed (``min == max``) or elastic."""
-
-    min: int
-    max: int
-
-    def __post_init__(self) -> None:
-        if self.min < 1:
-            raise SpecError(
-                "nodes", f"node count {self.min} is not positive; ask for at least 1 node"
-            )
-        if self.min > self.max:
-            raise SpecError(
-                "nodes",
-                f"node range {self.min}:{self.max} has MIN > MAX; "
-                f"write it as {self.max}:{self.min}",
-            )
-
-    @property
-    def is_elastic(self) -> bool:
-        return self.min != self.max
-
-    def multiples(self, k: int) -> tuple[int, int] | None:
-        """The smallest and largest multiples of ``k`` in the range; None if none is."""
-        low, high = -(-self.min // k) * k, self.max // k * k
-        return (low, high) if low <= high else None
-
-    def __str__(self) -> str:
-        """The form the CLI takes and the agent receives: ``N`` or ``MIN:MAX``."""
-        return str(self.min) if not self.is_elastic else f"{self.min}:{self.max}"
-
-    @property
-    def sbatch(self) -> str:
-        """SLURM's form: ``N`` or ``MIN-MAX``."""
-        return str(self.min) if not self.is_elastic else f"{self.min}-{self.max}"
-
-
-def parse_nodes(text: str) -> NodeRange:
-    """Parse ``N`` or ``MIN:MAX``. Raises SpecError."""
-    text = text.strip()
-    parts = text.split(":")
-    if len(parts) > 2 or not all(_SIGNED.match(p.strip()) for p in parts):
-        hint = ""
-        if re.fullmatch(r"[0-9]+-[0-9]+", text):
-            hint = f"; for a range write {text.replace('-', ':')}"
-        raise SpecError(
-            "nodes", f"{text!r} is not a node count: use N or MIN:MAX, e.g. 4 or 2:4{hint}"
-        )
-    low = int(parts[0])
-    return NodeRange(low, int(parts[-1]))
 
 
 def parse_time(text: str) -> timedelta:
@@ -91,12 +40,12 @@ def parse_time(text: str) -> timedelta:
     rest = text
     if "-" in text:
         day_text, _, rest = text.partition("-")
-        if not _DIGITS.match(day_text):
+        if not re.match(_DIGITS, day_text):
             rest = ""  # forces the error below
         else:
             days = int(day_text)
     fields = rest.split(":")
-    if not rest or len(fields) > 3 or not all(_DIGITS.match(f) for f in fields):
+    if not rest or len(fields) > 3 or not all(re.match(_DIGITS, f) for f in fields):
         raise SpecError(
             "time",
             f"{raw!r} is not a SLURM time limit; use one of M, M:S, H:M:S, D-H, D-H:M, "
@@ -133,7 +82,7 @@ def format_time(limit: timedelta) -> str:
 
 def parse_mem(text: str) -> str:
     """Validate SLURM's ``--mem`` form (``64G``, ``500M``, ``0`` = all). Raises SpecError."""
-    match = _MEM.fullmatch(text.strip())
+    match = re.fullmatch(_MEM, text.strip())
     if not match:
         raise SpecError(
             "mem",
@@ -157,45 +106,13 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     return key.lstrip("-"), (value if sep else None)
 
 
-# --hang-timeout: the automatic timeout's words (hpclaunch.node.hangs documents them).
-HANG_AUTO, HANG_OFF = "auto", "off"
-HANG_FLOOR_S = 300.0  # auto: never less than this,
-HANG_MULTIPLE = 10.0  # and this many times the slowest step seen (hpclaunch.node.hangs)
-MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs in steps
-
-
-def parse_hang_timeout(text: str | float) -> str:
-    """``auto``, ``off`` or seconds above 0, as the agent's option writes it. Raises SpecError."""
-    value = str(text).strip().lower()
-    if value in (HANG_AUTO, HANG_OFF):
-        return value
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not MIN_HANG_TIMEOUT_S <= seconds < float("inf"):
-        raise SpecError(
-            "hang_timeout",
-            f"{text!r} is not a hang timeout; give seconds without progress (at least "
-            f"{MIN_HANG_TIMEOUT_S:g}), {HANG_AUTO!r} (a multiple of the slowest step, with a "
-            f"floor) or {HANG_OFF!r}",
-        )
-    return f"{seconds:f}".rstrip("0").rstrip(".")
-
-
-def parse_endpoints(text: str) -> tuple[str, ...]:
-    """Parse ``host:port[,host:port...]``. Raises SpecError."""
-    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not endpoints:
-        raise SpecError(
-            "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
-        )
-    return endpoints
-
-
 def check_checkpoint_pattern(pattern: str) -> None:
     """Reject a ``--checkpoint-pattern`` glob that can never name a checkpoint file:
     empty, ``**`` inside a name, or one folder named outright. Raises SpecError."""
+    # Imported here: the patterns' reader says what a wildcard is, and the login node
+    # loads it only for a job that gives patterns.
+    from hpclaunch.jobdir.found_checkpoints import has_wildcard
+
     field = "checkpoint_patterns"
     if not pattern.strip():
         raise SpecError(
@@ -224,7 +141,7 @@ def folder_pattern(pattern: str) -> str:
 # sbatch's --dependency: TYPE:JOBID[+MINUTES][:JOBID...] parts (singleton alone), joined by
 # "," (all must hold) or "?" (any may); SLURM 22.05's types.
 DEPENDENCY_TYPES = ("after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok")
-_DEPENDENCY_PART = re.compile(
+_DEPENDENCY_PART = (
     rf"(?:{'|'.join(DEPENDENCY_TYPES)})(?::[0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?)+\Z|singleton\Z"
 )
 
@@ -233,7 +150,7 @@ def parse_dependency(text: str) -> str:
     """Check sbatch's ``--dependency`` value; returns it unchanged. Raises SpecError."""
     joins = [sep for sep in ",?" if sep in text]
     parts = re.split(r"[,?]", text)
-    bad = [part for part in parts if not _DEPENDENCY_PART.match(part)]
+    bad = [part for part in parts if not re.match(_DEPENDENCY_PART, part)]
     if len(joins) > 1 or bad or not text:
         what = f"{bad[0]!r} in " if bad and bad[0] != text else ""
         raise SpecError(

@@ -40,10 +40,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch.job.spec import DEFAULT_LOG_DIR
-from hpclaunch.node import worker_env
+from hpclaunch.contract import worker_env
+from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
 
-# Set by the rendered script (and the local Executor); see hpclaunch.node.worker_env.
+# Set by the rendered script (and the local Executor); see hpclaunch.contract.worker_env.
 JOB_DIR_VAR = worker_env.JOB_DIR
 SCRIPT = "job.sbatch"
 HISTORY = "history.json"

@@ -19,15 +19,16 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpclaunch.contract.agent import AgentSettings, RankOrder
+from hpclaunch.contract.worker_env import framework_env
 from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, joblogs
 from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node import ports
 from hpclaunch.node.hangs import HangTimeout, Watch
-from hpclaunch.node.options import (
+from hpclaunch.node.launch_plan import (
     HANDLED_SIGNALS,
-    AgentOptions,
     LaunchPlan,
     guarded,
     launched_as,
@@ -38,9 +39,8 @@ from hpclaunch.node.options import (
     worker_env,
 )
 from hpclaunch.node.sweep import Sweeper, stop_signals_ignored
-from hpclaunch.node.worker_env import framework_env
 from hpclaunch.slurm.commands import Slurm
-from hpclaunch.slurm.env import ContextError, NodeContext, RankOrder, parse_topology
+from hpclaunch.slurm.env import ContextError, NodeContext, parse_topology
 
 if TYPE_CHECKING:  # the module is imported when a zygote is forked
     from torch.distributed.elastic.agent.server.api import RunResult
@@ -69,8 +69,8 @@ def reachable_addr(host: str, slurm: Slurm) -> str:
 
 
 def etcd_sidecar(
-    ctx: NodeContext, opts: AgentOptions, master_addr: str, *, start: bool = True
-) -> tuple[AgentOptions, Any]:
+    ctx: NodeContext, opts: AgentSettings, master_addr: str, *, start: bool = True
+) -> tuple[AgentSettings, Any]:
     """--etcd-sidecar: the first node starts the job's etcd server, the others wait
     for it. Returns the options with its endpoint, and the server (first node only)
     for the caller to stop. ``start=False`` (dry run) names the first candidate."""
@@ -100,13 +100,13 @@ def etcd_sidecar(
     return dataclasses.replace(opts, etcd_endpoints=(endpoint,), etcd_sidecar=False), server
 
 
-def job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> Path:
+def job_folder(ctx: NodeContext, opts: AgentSettings, env: Mapping[str, str]) -> Path:
     """The job folder the per-rank logs go under: --job-dir, else the environment's
     (see hpclaunch.jobdir.layout.JobFolder.from_env)."""
     return opts.job_dir if opts.job_dir is not None else JobFolder.from_env(env, ctx.job_id).root
 
 
-def check_job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str]) -> None:
+def check_job_folder(ctx: NodeContext, opts: AgentSettings, env: Mapping[str, str]) -> None:
     """Make the job's logs folder and write a file there, before anything starts: a
     folder this node cannot write is one line, not a traceback from torch's
     log set-up. Raises HpclaunchError."""
@@ -126,7 +126,7 @@ def check_job_folder(ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str
 
 
 def after_run(
-    status: int, ctx: NodeContext, opts: AgentOptions, env: Mapping[str, str], slurm: Slurm
+    status: int, ctx: NodeContext, opts: AgentSettings, env: Mapping[str, str], slurm: Slurm
 ) -> int:
     """The exit status of a supervised agent whose run ended with ``status``, noted in
     the job folder for the supervisor (hpclaunch.recovery.stops); in a --no-kill job
@@ -160,7 +160,7 @@ def after_run(
         )
 
 
-def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeContext:
+def context(env: Mapping[str, str], opts: AgentSettings, slurm: Slurm) -> NodeContext:
     """This node's context, in the asked rank order."""
     ctx = NodeContext.from_env(
         env, nproc_per_node=opts.nproc_per_node, master_port=opts.master_port
@@ -172,7 +172,7 @@ def context(env: Mapping[str, str], opts: AgentOptions, slurm: Slurm) -> NodeCon
 
 def launch(
     ctx: NodeContext,
-    opts: AgentOptions,
+    opts: AgentSettings,
     settings: LaunchPlan,
     env: Mapping[str, str],
     helpers: Collection[int] = (),
@@ -232,7 +232,7 @@ def _signals(names: str) -> list[signal.Signals]:
 
 def _launch(
     ctx: NodeContext,
-    opts: AgentOptions,
+    opts: AgentSettings,
     settings: LaunchPlan,
     env: Mapping[str, str],
     zygote: Zygote | None,
@@ -302,7 +302,7 @@ def _launch(
     return 0
 
 
-def _hang_watch(ctx: NodeContext, opts: AgentOptions, job: Path) -> Watch:
+def _hang_watch(ctx: NodeContext, opts: AgentSettings, job: Path) -> Watch:
     """This node's hang watch (hpclaunch.node.hangs), its files beside the node-local
     checkpoint copies (node memory, removed with the agent)."""
     return Watch(
@@ -315,9 +315,9 @@ def _hang_watch(ctx: NodeContext, opts: AgentOptions, job: Path) -> Watch:
     )
 
 
-def _worker_env(ctx: NodeContext, opts: AgentOptions, attempt: int) -> dict[str, str]:
+def _worker_env(ctx: NodeContext, opts: AgentSettings, attempt: int) -> dict[str, str]:
     """hpclaunch's part of the workers' environment for ``attempt``, and what frameworks
-    need to be distributed on this node (hpclaunch.node.worker_env.framework_env)."""
+    need to be distributed on this node (hpclaunch.contract.worker_env.framework_env)."""
     return {**worker_env(ctx, opts.rdzv, attempt), **framework_env(os.environ, _gpu_devices())}
 
 
@@ -330,7 +330,7 @@ def _gpu_devices() -> list[str]:
 
 
 def _workers_start(
-    opts: AgentOptions, zygote: Zygote | None
+    opts: AgentSettings, zygote: Zygote | None
 ) -> tuple[str, tuple[str, ...], StartProcesses | None]:
     """The workers' (entrypoint, args) for torch, and the agent's ``start_processes``
     where the zygote starts them (None: torch's own)."""
@@ -379,7 +379,7 @@ def _failures(by_rank: Mapping[int, Any], folder: AttemptFolder | None) -> list[
 
 
 def _root_cause(
-    exc: Any, ctx: NodeContext, opts: AgentOptions, folder: AttemptFolder | None, watch: Watch
+    exc: Any, ctx: NodeContext, opts: AgentSettings, folder: AttemptFolder | None, watch: Watch
 ) -> str:
     """hpclaunch's root-cause block from torch's ChildFailedError; the hang report when
     the last attempt hung (the workers' SIGKILL is not the story then)."""
@@ -396,7 +396,7 @@ def _root_cause(
     )
 
 
-def _failed_for_good(block: str, ctx: NodeContext, opts: AgentOptions, job: Path) -> int:
+def _failed_for_good(block: str, ctx: NodeContext, opts: AgentSettings, job: Path) -> int:
     """The workers failed for good: the root-cause block to the supervisor (which prints
     one for the whole job, from the right node), else printed; the exit status."""
     if opts.supervised:

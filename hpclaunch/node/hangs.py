@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch import progress
-from hpclaunch.job.values import (
+from hpclaunch import procs, progress
+from hpclaunch.contract.values import (
     HANG_AUTO,
     HANG_FLOOR_S,
     HANG_MULTIPLE,
@@ -37,7 +37,7 @@ from hpclaunch.jobdir import attempts, progress_notes
 from hpclaunch.jobdir import hangs as reports
 from hpclaunch.jobdir.hangs import HangReport, RankAtHang
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.node import boot_env, procs, stacks
+from hpclaunch.node import boot_env, stacks
 from hpclaunch.record.job_record import read_run
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
+from hpclaunch.contract import worker_env
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
-from hpclaunch.node import worker_env
 
 
 class RankLogs(LogsSpecs):

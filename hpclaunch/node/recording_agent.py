@@ -32,12 +32,13 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
+from hpclaunch import procs
+from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
 from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE
-from hpclaunch.node import failfast, procs, stop_notes
+from hpclaunch.node import failfast, step_signals, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
 from hpclaunch.node.sweep import Sweeper
-from hpclaunch.node.worker_env import lightning_size, slurm_task_view
 from hpclaunch.rendezvous.ranked_c10d import SEPARATE_STORE
 
 log = logging.getLogger(__name__)
@@ -253,7 +254,11 @@ class RecordingAgent(LocalElasticAgent):
         may kill the step (the agent too) before they end."""
         if self._hangs is not None:
             self._hangs.note()
-        if death_sig in _received and self._pcontext is not None and procs.slurm_signals_step():
+        if (
+            death_sig in _received
+            and self._pcontext is not None
+            and step_signals.slurm_signals_step()
+        ):
             if not self._workers_ended(timeout):
                 log.warning(
                     "workers still running %d s after %s; sending SIGKILL", timeout, death_sig.name

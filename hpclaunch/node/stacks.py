@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.progress import stack_signal
 
 # How long one stack read may take (py-spy, or the signal handler's file to settle).

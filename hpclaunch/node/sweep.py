@@ -44,9 +44,9 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
-from hpclaunch.node import procs
-from hpclaunch.node.procs import Proc
+from hpclaunch import procs
 from hpclaunch.node.warmstart.zygote import STEP_SIGNALS, signals_deferred
+from hpclaunch.procs import Proc
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from hpclaunch.job import rendezvous
+from hpclaunch.contract import rendezvous
 from hpclaunch.job.profiles import DEFAULT_PROFILE, PROFILE_KEYS
 from hpclaunch.job.spec import JobSpec
 from hpclaunch.ops.settings import jsonable

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from hpclaunch.job import rendezvous
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.values import NodeRange
 from hpclaunch.job.profiles import PROFILE_KEYS, Origin, Resolved, flag_for
-from hpclaunch.job.values import NodeRange, format_time
+from hpclaunch.job.values import format_time
 
 # What an unset (None) value means: who decides instead.
 UNSET = {

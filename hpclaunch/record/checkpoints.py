@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpclaunch.job.spec import agent_grace_for
+from hpclaunch.contract.agent import agent_grace_for
 from hpclaunch.jobdir.checkpoint_folder import LIGHTNING_FOLDER
 from hpclaunch.jobdir.saves import SaveRecord
 from hpclaunch.record.job_record import JobRecord

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpclaunch.contract.supervisor import DEFAULT_SLURM_PATIENCE_S, DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.errors import HpclaunchError, SlurmError
-from hpclaunch.job.spec import DEFAULT_SLURM_PATIENCE_S, DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.jobdir import history_store
 from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.history import History, finish

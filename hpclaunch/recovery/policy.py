@@ -12,8 +12,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from hpclaunch.contract.supervisor import DEFAULT_MAX_FAILURE_REQUEUES
 from hpclaunch.errors import ExitCode
-from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES
 from hpclaunch.jobdir.errortext import same_error
 from hpclaunch.jobdir.failures import Finding, Verdict
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from hpclaunch.contract.supervisor import DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.job.spec import DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.recovery import stepdeath
 
 log = logging.getLogger("hpclaunch.recovery.supervisor")  # the supervisor's lines

@@ -17,17 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
-from hpclaunch.job.spec import (
+from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
 )
+from hpclaunch.contract.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
+from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, hangs, history_store, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.node.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.record import checkpoints, lost_work
 from hpclaunch.record.attempts import of_job
 from hpclaunch.record.job_record import JobRecord, read_run

@@ -13,13 +13,13 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from hpclaunch.contract.worker_env import CHECKPOINT_DIR
 from hpclaunch.errors import SlurmError
 from hpclaunch.jobdir import failures
 from hpclaunch.jobdir.errortext import SharedFolder, StorageErrno, StorageFault
 from hpclaunch.jobdir.failures import Finding, NodeRecord, Verdict
 from hpclaunch.jobdir.history import Reason
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.node.worker_env import CHECKPOINT_DIR
 from hpclaunch.slurm.commands import NodeState, Slurm
 
 log = logging.getLogger(__name__)

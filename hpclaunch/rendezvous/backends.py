@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
+from hpclaunch.contract.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, StaticRdzv
 from hpclaunch.slurm.env import ContextError
 
 # etcd rendezvous: once MIN nodes are in, how long to wait for the rest (torch: 30 s);
@@ -89,7 +89,7 @@ def _etcd(req: Request) -> tuple[str, dict[str, object]]:
     return ",".join(etcd.endpoints), configs
 
 
-# By the name --rdzv takes (hpclaunch.job.rendezvous.BACKENDS, the settings' table).
+# By the name --rdzv takes (hpclaunch.contract.rendezvous.BACKENDS, the settings' table).
 BACKENDS: Mapping[str, Backend] = {
     # torch 2.13's shared agent store makes restarted workers read the previous
     # attempt's addresses now and then; hpclaunch-c10d switches per round itself.

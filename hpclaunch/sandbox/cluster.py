@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.errors import HpclaunchError, SandboxError
-from hpclaunch.node.procs import Tracked
+from hpclaunch.procs import Tracked
 from hpclaunch.sandbox import conf, daemons, files, net, placement, state
 from hpclaunch.sandbox.conf import Layout, Mode, SandboxSpec
 from hpclaunch.sandbox.daemons import SBIN_PATH

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hpclaunch import procs
 from hpclaunch.errors import SandboxError
-from hpclaunch.node import procs
-from hpclaunch.node.procs import Tracked
+from hpclaunch.procs import Tracked
 from hpclaunch.sandbox import net
 from hpclaunch.sandbox.conf import Layout, Mode, Node
 from hpclaunch.slurm.commands import NodeState, Slurm

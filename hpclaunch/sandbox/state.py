@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.node.procs import Tracked
+from hpclaunch.procs import Tracked
 from hpclaunch.sandbox.conf import Mode, Partitions, Placement, SandboxSpec
 
 CONTROL_DAEMONS = ("munged", "slurmctld")

@@ -7,10 +7,10 @@ gives the node ranks; ``SLURM_NODEID`` is this node's index in it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from hpclaunch.contract.agent import RankOrder
 from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.slurm.hostlist import HostlistError, expand
 
@@ -24,13 +24,6 @@ class ContextError(HpclaunchError):
     """SLURM's environment is missing or garbled; the message names the variable."""
 
     exit_code = ExitCode.USAGE
-
-
-class RankOrder(enum.Enum):
-    """How node ranks are laid out."""
-
-    SLURM = "slurm"  # SLURM's node order, which a topology-aware scheduler chose
-    TOPOLOGY = "topology"  # nodes under the same leaf switch get consecutive ranks
 
 
 @dataclass(frozen=True)

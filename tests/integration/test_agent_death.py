@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.sandbox_fixture import Running
 from tests.integration.training_jobs import EXAMPLES, Job, digest_of, uninterrupted_digest

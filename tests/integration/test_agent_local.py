@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from tests.integration.helpers import VENV_BIN, base_env, wait_for
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from tests.integration.helpers import VENV_BIN
 from tests.integration.sandbox_fixture import Running
 from tests.integration.test_agent import finished, job_env
@@ -81,7 +81,7 @@ if os.environ.get("CRASH_FIRST") and attempt == 0:
 # ignores SIGTERM, then ends with status 7 unread. Prints what became of each.
 AGENT_SIDE = f"""
 import json, logging, os, shlex, subprocess, sys, time
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.node.sweep import Sweeper, become_subreaper
 
 out, pidfds = sys.argv[1], sys.argv[2] == "pidfds"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch import procs
 from hpclaunch.errors import SandboxError, SpecError
-from hpclaunch.node import procs
-from hpclaunch.node.procs import Tracked
+from hpclaunch.procs import Tracked
 from hpclaunch.sandbox import state
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch import procs
 from hpclaunch.errors import EtcdError
-from hpclaunch.node import procs
 from hpclaunch.rendezvous.etcd.access import Access
 from hpclaunch.rendezvous.etcd.client import Etcd, LeaseKeeper
 from hpclaunch.rendezvous.etcd.sidecar import Sidecar, find, member_at

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from tests.integration.etcd_fixture import RestartableEtcd
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.test_etcd import agents_env

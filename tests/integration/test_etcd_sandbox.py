@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.etcd_fixture import PASSWORD, USER, EtcdServer, etcd_server
 from tests.integration.helpers import wait_for

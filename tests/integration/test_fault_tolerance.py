@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.sandbox.conf import Mode
 from hpclaunch.slurm.hostlist import expand

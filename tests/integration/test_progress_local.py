@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import progress
+from hpclaunch import procs, progress
 from hpclaunch.jobdir.attempts import FIRST, STEP
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.node import boot_env, procs, stacks
+from hpclaunch.node import boot_env, stacks
 from hpclaunch.record.job_record import read_run
 from tests.integration.helpers import VENV_BIN, base_env
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import procs
-from hpclaunch.node.procs import Tracked
+from hpclaunch import procs
+from hpclaunch.procs import Tracked
 from hpclaunch.sandbox import daemons as daemons_mod
 from hpclaunch.sandbox import net
 from hpclaunch.sandbox.cluster import NodeAction, Sandbox

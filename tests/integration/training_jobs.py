@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.slurm.commands import parse_show_job
 from hpclaunch.slurm.hostlist import expand

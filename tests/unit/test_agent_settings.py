@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.job.rendezvous import EtcdRdzv
-from hpclaunch.job.spec import EntryKind
-from hpclaunch.job.values import NodeRange
+from hpclaunch.contract.agent import AgentSettings, EntryKind
+from hpclaunch.contract.rendezvous import EtcdRdzv
+from hpclaunch.contract.values import NodeRange
 from hpclaunch.node.agent import job_folder
-from hpclaunch.node.options import (
-    AgentOptions,
+from hpclaunch.node.launch_plan import (
     guarded,
     launch_settings,
     stale_local_checkpoints,
@@ -34,7 +33,7 @@ ENV = {
 
 def settings(**changes: object) -> dict[str, Any]:
     """The launch plan as torch's LaunchConfig keywords (and --dry-run's "launch")."""
-    opts = AgentOptions(**{"entrypoint": "train.py", **changes})  # type: ignore[arg-type]
+    opts = AgentSettings(**{"entrypoint": "train.py", **changes})  # type: ignore[arg-type]
     plan = launch_settings(NodeContext.from_env(ENV, nproc_per_node=4), opts, "n1", "n2")
     return plan.launch_config_kwargs()
 
@@ -59,10 +58,10 @@ def test_grace_period_and_no_tee() -> None:
 def test_job_folder() -> None:
     ctx = NodeContext.from_env({**ENV, "SLURM_STEP_ID": "3"})
     assert ctx.step_id == "3" and NodeContext.from_env(ENV).step_id == "batch"
-    opts = AgentOptions("t.py")
+    opts = AgentSettings("t.py")
     assert job_folder(ctx, opts, {}) == Path("hpclaunch-logs/77")
     assert job_folder(ctx, opts, {"HPCLAUNCH_JOB_DIR": "/shared/j"}) == Path("/shared/j")
-    given = AgentOptions("t.py", job_dir=Path("/x"))
+    given = AgentSettings("t.py", job_dir=Path("/x"))
     assert job_folder(ctx, given, {"HPCLAUNCH_JOB_DIR": "/shared/j"}) == Path("/x")
     with pytest.raises(ContextError, match="SLURM_STEP_ID='a' is not a whole number"):
         NodeContext.from_env({**ENV, "SLURM_STEP_ID": "a"})
@@ -127,10 +126,10 @@ def test_etcd_settings_carry_endpoints_tls_and_user_but_no_password() -> None:
 
 
 def test_worker_command_and_env() -> None:
-    assert worker_command(AgentOptions("t.py", ("--x",))) == (sys.executable, "-u", "t.py", "--x")
-    module = worker_command(AgentOptions("pkg.m", ("a",), entry_kind=EntryKind.MODULE))
+    assert worker_command(AgentSettings("t.py", ("--x",))) == (sys.executable, "-u", "t.py", "--x")
+    module = worker_command(AgentSettings("pkg.m", ("a",), entry_kind=EntryKind.MODULE))
     assert module == (sys.executable, "-u", "-m", "pkg.m", "a")
-    binary = worker_command(AgentOptions("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE))
+    binary = worker_command(AgentSettings("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE))
     assert binary == ("/bin/app", "a")
     entry, args = guarded(("/bin/app", "a"), 4321, None)
     assert entry == sys.executable and args[0] == "-S"  # the guard skips the progress boot
@@ -172,18 +171,18 @@ def test_earlier_runs_node_local_folders_are_found_for_removal(tmp_path: Path) -
 def test_node_multiple_rounds_the_range_to_multiples() -> None:
     three = {**ENV, "SLURM_STEP_NODELIST": "n[1-3]"}
     ctx = NodeContext.from_env(three, nproc_per_node=1)
-    opts = AgentOptions("t.py", nnodes=NodeRange(1, 4), node_multiple=2)
+    opts = AgentSettings("t.py", nnodes=NodeRange(1, 4), node_multiple=2)
     s = launch_settings(ctx, opts, "n1", "n2")
     assert (s.min_nodes, s.max_nodes) == (2, 2)  # the third node stands by
     assert s.rdzv_configs["node_multiple"] == 2
-    fixed = launch_settings(ctx, AgentOptions("t.py", node_multiple=3), "n1", "n2")
+    fixed = launch_settings(ctx, AgentSettings("t.py", node_multiple=3), "n1", "n2")
     assert (fixed.min_nodes, fixed.max_nodes) == (3, 3)
     with pytest.raises(
         ContextError, match="no count from 3 to 3 is a multiple of --node-multiple 2"
     ):
-        launch_settings(ctx, AgentOptions("t.py", node_multiple=2), "n1", "n2")
+        launch_settings(ctx, AgentSettings("t.py", node_multiple=2), "n1", "n2")
     with pytest.raises(ContextError, match="--node-multiple needs --rdzv c10d or etcd"):
-        launch_settings(ctx, AgentOptions("t.py", node_multiple=3, rdzv="static"), "n1", "n2")
+        launch_settings(ctx, AgentSettings("t.py", node_multiple=3, rdzv="static"), "n1", "n2")
 
 
 def test_a_backend_is_one_table_row() -> None:
@@ -203,7 +202,7 @@ def test_a_backend_is_one_table_row() -> None:
         "hpclaunch-zk", "zk://n1:2181", {"rank": 1, "node_multiple": 2}
     )
     ctx = NodeContext.from_env(ENV, nproc_per_node=4)
-    plan = launch_settings(ctx, AgentOptions("t.py", rdzv="static"), "n1", "n2")
+    plan = launch_settings(ctx, AgentSettings("t.py", rdzv="static"), "n1", "n2")
     assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("static", "n1:15077")
     assert plan.launch_config_kwargs()["rdzv_configs"] == {"rank": 1}
     assert worker_env(ctx, "static")["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
@@ -211,6 +210,6 @@ def test_a_backend_is_one_table_row() -> None:
 
 def test_a_bad_rendezvous_value_names_its_option() -> None:
     ctx = NodeContext.from_env(ENV)
-    opts = AgentOptions("t.py", rdzv="etcd", etcd_endpoints=("bad",))
+    opts = AgentSettings("t.py", rdzv="etcd", etcd_endpoints=("bad",))
     with pytest.raises(ContextError, match=r"^--etcd-endpoint: 'bad' is not host:port"):
         launch_settings(ctx, opts, "n1", "n2")

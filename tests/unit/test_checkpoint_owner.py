@@ -108,8 +108,8 @@ def test_another_users_job_slurm_does_not_show_is_not_taken_for_ended(tmp_path: 
 
 
 def test_a_refused_run_records_why_and_not_the_other_jobs_folder(tmp_path: Path) -> None:
+    from hpclaunch.contract.worker_env import CHECKPOINT_DIR
     from hpclaunch.jobdir.history import History
-    from hpclaunch.node.worker_env import CHECKPOINT_DIR
     from hpclaunch.ops.status import gather
     from hpclaunch.recovery.supervisor import Supervisor
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.contract.rendezvous import C10dRdzv, EtcdRdzv
+from hpclaunch.contract.values import NodeRange
 from hpclaunch.errors import ConfigError, SpecError
 from hpclaunch.job.profiles import Entry, build_spec, load_profile
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv
 from hpclaunch.job.spec import GpuDirective
-from hpclaunch.job.values import NodeRange
 
 ENTRY = Entry("train.py", ("--lr", "3e-4"))
 

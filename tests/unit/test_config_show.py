@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,15 @@ from hpclaunch.job.profiles import (
     build_spec,
     convert_profile,
     load_profile,
-    tomllib,
 )
 from hpclaunch.job.profiles import resolve as resolve_spec
 from hpclaunch.ops import profile_file
 from hpclaunch.slurm.commands import FakeRunner, Slurm
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 PROFILE = """
 [profiles.default]

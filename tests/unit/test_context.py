@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from hpclaunch.contract.agent import RankOrder
 from hpclaunch.slurm.env import (
     PORT_BASE,
     PORT_SPAN,
     ContextError,
     NodeContext,
-    RankOrder,
     derive_port,
     job_nodes,
     parse_topology,

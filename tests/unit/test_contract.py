@@ -14,13 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from hpclaunch.cli.context import TYPES, settings_options
-from hpclaunch.job import rendezvous
-from hpclaunch.job.contract import Number, Script, Setting, from_values, table, to_argv
-from hpclaunch.job.rendezvous import EtcdRdzv, StaticRdzv
-from hpclaunch.job.spec import EntryKind, JobSpec
-from hpclaunch.job.values import NodeRange
-from hpclaunch.node.options import AgentSettings
-from hpclaunch.recovery.settings import SupervisorSettings
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.agent import AgentSettings, EntryKind
+from hpclaunch.contract.rendezvous import EtcdRdzv, StaticRdzv
+from hpclaunch.contract.supervisor import SupervisorSettings
+from hpclaunch.contract.table import Number, Script, Setting, from_values, table, to_argv
+from hpclaunch.contract.values import NodeRange
+from hpclaunch.job.render import agent_settings, supervisor_settings
+from hpclaunch.job.spec import JobSpec
 from hpclaunch.rendezvous.backends import BACKENDS
 
 T = TypeVar("T")
@@ -69,7 +70,7 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_the_agent_reads_back_what_the_script_says(spec: JobSpec) -> None:
-    sent = AgentSettings.from_spec(spec, supervised=True)
+    sent = agent_settings(spec, supervised=True)
     assert parse(AgentSettings, sent.to_argv(), entrypoint=spec.entrypoint, args=spec.args) == sent
     assert sent.nnodes == spec.nodes and sent.supervised
     assert sent.grace_period_s == spec.agent_grace_s
@@ -77,7 +78,7 @@ def test_the_agent_reads_back_what_the_script_says(spec: JobSpec) -> None:
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_the_supervisor_reads_back_what_the_script_says(spec: JobSpec) -> None:
-    sent = SupervisorSettings.from_spec(spec)
+    sent = supervisor_settings(spec)
     assert parse(SupervisorSettings, sent.to_argv()) == sent
     assert (sent.max_requeues, sent.max_failure_requeues) == (
         spec.max_requeues,
@@ -89,13 +90,13 @@ def test_the_supervisor_reads_back_what_the_script_says(spec: JobSpec) -> None:
 def test_defaults_are_the_specs() -> None:
     """One default per value: a command given nothing means what a default spec means."""
     spec = JobSpec("t.py")
-    supervisor, sent_s = parse(SupervisorSettings, []), SupervisorSettings.from_spec(spec)
+    supervisor, sent_s = parse(SupervisorSettings, []), supervisor_settings(spec)
     assert (supervisor.max_requeues, supervisor.max_failure_requeues) == (
         sent_s.max_requeues,
         sent_s.max_failure_requeues,
     )
     agent = parse(AgentSettings, [], entrypoint="t.py")
-    sent = AgentSettings.from_spec(spec)
+    sent = agent_settings(spec)
     assert (agent.rdzv, agent.max_restarts, agent.node_multiple, agent.entry_kind) == (
         sent.rdzv,
         sent.max_restarts,
@@ -105,7 +106,7 @@ def test_defaults_are_the_specs() -> None:
 
 
 def test_what_the_script_leaves_out() -> None:
-    argv = AgentSettings.from_spec(JobSpec("t.py")).to_argv()
+    argv = agent_settings(JobSpec("t.py")).to_argv()
     assert argv == [
         "--nnodes",
         "1",
@@ -132,7 +133,7 @@ def test_what_the_script_leaves_out() -> None:
     assert not {"--no-tee", "--job-dir"} & set(given.to_argv())
     # A port given to sbatch (or a profile) reaches every agent; none given, none written.
     assert given.to_argv()[-2:] == ["--master-port", "99"]
-    assert AgentSettings.from_spec(JobSpec("t.py", master_port=29400)).to_argv()[-2:] == [
+    assert agent_settings(JobSpec("t.py", master_port=29400)).to_argv()[-2:] == [
         "--master-port",
         "29400",
     ]
@@ -190,7 +191,7 @@ def test_nodes_are_parsed_by_one_type_on_both_sides() -> None:
 def test_every_rendezvous_has_a_backend_and_the_table_is_pure() -> None:
     assert set(BACKENDS) == set(rendezvous.BACKENDS)
     code = (
-        "import sys, hpclaunch.rendezvous.backends, hpclaunch.node.options; "
+        "import sys, hpclaunch.rendezvous.backends, hpclaunch.node.launch_plan; "
         "print(sorted(m for m in ('torch', 'click') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

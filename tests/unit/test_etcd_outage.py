@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from etcd3gw import exceptions as gw_errors
 
+from hpclaunch.contract.rendezvous import EtcdRdzv
 from hpclaunch.errors import EtcdError, SpecError
-from hpclaunch.job.rendezvous import EtcdRdzv
 from hpclaunch.rendezvous.etcd.access import Access
 from hpclaunch.rendezvous.etcd.client import Etcd
 from hpclaunch.rendezvous.etcd.outage import (

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.rendezvous import EtcdRdzv
+from hpclaunch.contract.values import NodeRange
 from hpclaunch.errors import SpecError
 from hpclaunch.executor.local_settings import LocalSettings
 from hpclaunch.executor.params import (
@@ -19,9 +22,6 @@ from hpclaunch.executor.params import (
 )
 from hpclaunch.job.profiles import Profile
 from hpclaunch.job.render import render
-from hpclaunch.job.rendezvous import EtcdRdzv
-from hpclaunch.job.spec import EntryKind
-from hpclaunch.job.values import NodeRange
 from hpclaunch.jobdir.layout import ExecutorFolder
 
 FOLDER = Path("/shared/runs/sweep 1")

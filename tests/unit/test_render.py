@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.rendezvous import EtcdRdzv
+from hpclaunch.contract.values import NodeRange
 from hpclaunch.errors import TemplateError
 from hpclaunch.job.render import Shell, render, sbatch_quote, shell_quote, words
-from hpclaunch.job.rendezvous import EtcdRdzv
-from hpclaunch.job.spec import EntryKind, GpuDirective, JobSpec
-from hpclaunch.job.values import NodeRange
+from hpclaunch.job.spec import GpuDirective, JobSpec
 
 
 def sbatch_lines(script: str) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.errors import SandboxError, SpecError
-from hpclaunch.node.procs import Tracked
+from hpclaunch.procs import Tracked
 from hpclaunch.sandbox.cluster import Sandbox, check_prerequisites
 from hpclaunch.sandbox.conf import (
     Mode,

@@ -262,11 +262,11 @@ def test_the_supervisor_requeues_once_the_controller_is_back() -> None:
 
 def test_slurm_patience_goes_from_the_job_to_the_supervisor() -> None:
     from hpclaunch.errors import SpecError
+    from hpclaunch.job.render import supervisor_settings
     from hpclaunch.job.spec import JobSpec
-    from hpclaunch.recovery.settings import SupervisorSettings
 
-    assert "--slurm-patience" not in SupervisorSettings.from_spec(JobSpec("t.py")).to_argv()
-    argv = SupervisorSettings.from_spec(JobSpec("t.py", slurm_patience_s=600)).to_argv()
+    assert "--slurm-patience" not in supervisor_settings(JobSpec("t.py")).to_argv()
+    argv = supervisor_settings(JobSpec("t.py", slurm_patience_s=600)).to_argv()
     assert argv[argv.index("--slurm-patience") + 1] == "600"
     with pytest.raises(SpecError, match="-1 is below the minimum of 0"):
         JobSpec("t.py", slurm_patience_s=-1)

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.contract import rendezvous
+from hpclaunch.contract.agent import EntryKind
+from hpclaunch.contract.rendezvous import C10dRdzv, EtcdRdzv, StaticRdzv
+from hpclaunch.contract.supervisor import DEFAULT_MAX_FAILURE_REQUEUES
+from hpclaunch.contract.values import NodeRange, parse_endpoints, parse_nodes
 from hpclaunch.errors import SpecError
-from hpclaunch.job import rendezvous
 from hpclaunch.job.render import render
-from hpclaunch.job.rendezvous import C10dRdzv, EtcdRdzv, StaticRdzv
-from hpclaunch.job.spec import DEFAULT_MAX_FAILURE_REQUEUES, EntryKind, JobSpec
+from hpclaunch.job.spec import JobSpec
 from hpclaunch.job.values import (
     UNLIMITED,
-    NodeRange,
     format_time,
-    parse_endpoints,
     parse_env,
     parse_mem,
-    parse_nodes,
     parse_sbatch_option,
     parse_time,
 )

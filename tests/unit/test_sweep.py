@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from hpclaunch.node.procs import Proc
 from hpclaunch.node.sweep import (
     KILL_PASSES,
     KILL_TIME_S,
@@ -15,6 +14,7 @@ from hpclaunch.node.sweep import (
     leftovers,
     outcome,
 )
+from hpclaunch.procs import Proc
 
 AGENT = 100  # the agent leads session 100 here
 

@@ -1,4 +1,4 @@
-"""The worker environment is declared once (hpclaunch.node.worker_env): the agent's
+"""The worker environment is declared once (hpclaunch.contract.worker_env): the agent's
 builder, the rendered script and docs/agent.md all say the same variables."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hpclaunch.contract import worker_env
+from hpclaunch.contract.worker_env import WORKER_VARS, SetBy
 from hpclaunch.job.render import render
 from hpclaunch.job.spec import JobSpec
-from hpclaunch.node import worker_env
-from hpclaunch.node.options import worker_env as agent_worker_env
-from hpclaunch.node.worker_env import WORKER_VARS, SetBy
+from hpclaunch.node.launch_plan import worker_env as agent_worker_env
 from hpclaunch.slurm.env import NodeContext
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "agent.md"

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from hpclaunch.job.spec import EntryKind
-from hpclaunch.node.options import AgentOptions, WorkerStart, launched_as, starts_warm
+from hpclaunch.contract.agent import AgentSettings, EntryKind, WorkerStart
+from hpclaunch.node.launch_plan import launched_as, starts_warm
 from hpclaunch.node.warmstart.forked_worker import _exit_status, parse_python_args
 from hpclaunch.node.warmstart.zygote import _dispositions, signals_deferred
 
@@ -36,15 +36,15 @@ def test_other_command_lines_start_fresh(args: list[str]) -> None:
 
 
 def test_which_workers_start_warm() -> None:
-    script = AgentOptions("t.py", ("--x",))
+    script = AgentSettings("t.py", ("--x",))
     assert starts_warm(script)
     assert launched_as(script, 4321, "/usr/bin/setpriv") == (sys.executable, ("-u", "t.py", "--x"))
-    module = AgentOptions("pkg.m", (), entry_kind=EntryKind.MODULE)
+    module = AgentSettings("pkg.m", (), entry_kind=EntryKind.MODULE)
     assert starts_warm(module)
-    binary = AgentOptions("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE)
+    binary = AgentSettings("/bin/app", ("a",), entry_kind=EntryKind.EXECUTABLE)
     assert not starts_warm(binary)
     assert launched_as(binary, 4321, "/usr/bin/setpriv")[0] == "/usr/bin/setpriv"
-    fresh = AgentOptions("t.py", (), worker_start=WorkerStart.FRESH)
+    fresh = AgentSettings("t.py", (), worker_start=WorkerStart.FRESH)
     assert not starts_warm(fresh)
     assert launched_as(fresh, 4321, None)[1][1].endswith("worker_guard.py")
 

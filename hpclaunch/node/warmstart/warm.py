@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.api import (
 )
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from hpclaunch.node import procs
+from hpclaunch import procs
 from hpclaunch.node.warmstart.forked_worker import ForkRequest, parse_python_args
 from hpclaunch.node.warmstart.zygote import Zygote, ZygoteError, kill_group, signals_deferred
 

@@ -1,6 +1,6 @@
 """How to reach etcd: endpoints, TLS files, user and password (pure, no client import).
 
-The etcd settings as users give them are ``hpclaunch.job.rendezvous.EtcdRdzv``."""
+The etcd settings as users give them are ``hpclaunch.contract.rendezvous.EtcdRdzv``."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ sets, declared once (``WORKER_VARS``) with the one builder of the agent's part
 (``build``). docs/agent.md's table lists the same names, and a test keeps them alike.
 
 Pure: no torch, no I/O. The names are imported from here by everything that sets or
-reads them: the agent, the rendered script, the job folder and the worker API.
+reads them: the agent, the rendered script, the job folder, the supervisor and the
+worker API.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ REQUEUE_COUNT = "HPCLAUNCH_REQUEUE_COUNT"
 NODE_RANK = "HPCLAUNCH_NODE_RANK"
 ATTEMPT = "HPCLAUNCH_ATTEMPT"
 JOB_DIR = "HPCLAUNCH_JOB_DIR"
+# Where the job folders are (LOG_DIR/JOBID) unless the job names a log folder: sbatch's
+# default, and the agent's where JOB_DIR is not set.
+DEFAULT_LOG_DIR = "hpclaunch-logs"
 CHECKPOINT_DIR = "HPCLAUNCH_CHECKPOINT_DIR"
 LOCAL_CHECKPOINT_DIR = "HPCLAUNCH_LOCAL_CHECKPOINT_DIR"
 PROGRESS_FILE = "HPCLAUNCH_PROGRESS_FILE"

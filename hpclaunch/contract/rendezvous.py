@@ -1,6 +1,7 @@
 """How the per-node agents find each other: one frozen settings type per backend,
 and the table of backends (``BACKENDS``) that ``--rdzv``'s choices, the profile
-key ``rdzv`` and the agent's option are all derived from.
+key ``rdzv`` and the agent's option are all derived from. The job spec holds these
+settings; the agent's options name them again (``hpclaunch.contract.agent``).
 
 A new backend is one type here and one line in ``BACKENDS``. Its settings are
 given flat, as flags and profile keys (``--etcd-endpoint``, ``etcd_endpoint``);
@@ -11,7 +12,6 @@ own rules. Rules between the rendezvous and the rest of the job (the node range,
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 from hpclaunch.errors import SpecError
 
-_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z")
+# Compiled on first use (re's own cache), not by every command that loads this module.
+_ENDPOINT = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d+)\Z"
 
 
 class Rendezvous:
@@ -126,7 +127,7 @@ class EtcdRdzv(Rendezvous):
                 "settings are for an etcd of your own (--etcd-endpoint)",
             )
         for endpoint in self.endpoints:
-            match = _ENDPOINT.fullmatch(endpoint)
+            match = re.fullmatch(_ENDPOINT, endpoint)
             if not match or not 0 < int(match.group(2)) < 65536:
                 raise SpecError(
                     "etcd_endpoint",
@@ -202,19 +203,3 @@ def build(name: str, given: Mapping[str, Any], *, others: bool = False) -> Rende
 def elastic_names() -> str:
     """The backends that let the node count change, for messages: ``c10d or etcd``."""
     return " or ".join(name for name, b in BACKENDS.items() if not b.fixed_ranks)
-
-
-class EtcdSetting:
-    """A read-only JobSpec attribute ``etcd_NAME``: the etcd rendezvous' ``NAME``,
-    or its default under another backend. Templates and scripts were written against
-    these flat names (docs/templates.md lists them)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._attr = name.removeprefix("etcd_")
-
-    def __get__(self, spec: Any, owner: type | None = None) -> Any:
-        if spec is None:
-            return self
-        if isinstance(spec.rdzv, EtcdRdzv):
-            return getattr(spec.rdzv, self._attr)
-        return next(f.default for f in dataclasses.fields(EtcdRdzv) if f.name == self._attr)

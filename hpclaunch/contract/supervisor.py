@@ -1,23 +1,22 @@
 """The batch-step supervisor's settings: the one contract between the rendered
 script and ``hpclaunch supervise``. Each field with a row is an option of the
-command (generated from it) and the script passes it as its row says. Pure."""
+command (generated from it) and the script passes it as its row says. The defaults
+here are the job spec's too. Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hpclaunch.job.contract import Flag, Folder, Number, Script, Texts, setting, to_argv
-from hpclaunch.job.spec import (
-    DEFAULT_MAX_FAILURE_REQUEUES,
-    DEFAULT_MAX_REQUEUES,
-    DEFAULT_SLURM_PATIENCE_S,
-    DEFAULT_SUPERVISOR_GRACE_S,
-)
+from hpclaunch.contract.table import Flag, Folder, Number, Script, Texts, setting, to_argv
 
-if TYPE_CHECKING:
-    from hpclaunch.job.spec import JobSpec
+DEFAULT_MAX_REQUEUES = 3
+# How long the supervisor gives the step after a signal, unless the script sets it.
+DEFAULT_SUPERVISOR_GRACE_S = 90.0
+# Requeues without bad nodes a job gets (preemptions and time limits do not count).
+DEFAULT_MAX_FAILURE_REQUEUES = 2
+# How long the supervisor keeps trying an unreachable slurmctld after a failed step.
+DEFAULT_SLURM_PATIENCE_S = 300
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class SupervisorSettings:
         Script.ALWAYS,
     )
     # The script passes the folder it exports, "$HPCLAUNCH_JOB_DIR": shell that
-    # from_spec cannot know, so render writes that option itself.
+    # render's supervisor_settings cannot know, so render writes that option itself.
     job_dir: Path | None = setting(
         None, "--job-dir", Folder(), "The job's folder: history.json goes there.", Script.NEVER
     )
@@ -69,19 +68,6 @@ class SupervisorSettings:
         "A glob naming the job's own checkpoints (relative: to SLURM_SUBMIT_DIR), recorded "
         "for `hpclaunch status` (repeatable).",
     )
-
-    @classmethod
-    def from_spec(cls, spec: JobSpec) -> SupervisorSettings:
-        """The settings the rendered script gives the supervisor for ``spec``: the
-        step gets the whole signal lead to end after SLURM's warning."""
-        return cls(
-            max_requeues=spec.max_requeues,
-            grace_period_s=spec.signal_lead_s,
-            max_failure_requeues=spec.max_failure_requeues,
-            adopt_checkpoints=spec.adopt_checkpoints,
-            slurm_patience_s=float(spec.slurm_patience_s),
-            checkpoint_patterns=spec.checkpoint_patterns,
-        )
 
     def to_argv(self) -> list[str]:
         """The supervisor's options as the rendered script writes them (but --job-dir)."""

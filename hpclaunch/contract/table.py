@@ -1,6 +1,7 @@
-"""The contract between the rendered script and a command it runs on the nodes
-(``hpclaunch agent``, ``hpclaunch supervise``): one frozen settings dataclass per
-command, whose fields carry their own row of the settings table.
+"""The settings table: the contract between the rendered script and a command it runs
+(``hpclaunch agent``, ``hpclaunch supervise``) is one frozen settings dataclass per
+command (``hpclaunch.contract.agent``, ``hpclaunch.contract.supervisor``), whose fields
+carry their own row of the table.
 
 A row (``setting(...)`` as a field's metadata) gives the option's name, its kind
 (which is its parser and its validation), its help and whether the script passes
@@ -88,7 +89,7 @@ class Folder(NamedTuple):
 
 
 class Parsed(NamedTuple):
-    """A value read by one of hpclaunch.job.values' parsers, through the CLI's
+    """A value read by one of hpclaunch.contract.values' parsers, through the CLI's
     parameter type of that name (``hpclaunch.cli.context.TYPES``); ``write`` gives
     the text that parser reads back."""
 

@@ -1,0 +1,106 @@
+"""The values the rendered script passes on to the agent, and their parsers: a node
+range (``2:4``), a hang timeout (``auto``, ``off``, seconds) and etcd endpoints. The
+login node parses what users type with these parsers, and the agent parses its options
+with the same ones (the ``Parsed`` rows of ``hpclaunch.contract.table``), so a value
+means the same on both sides. Pure; each parser raises SpecError naming the option.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hpclaunch.errors import SpecError
+
+# Patterns are compiled on first use (re's own cache), not by every command that loads
+# this module.
+_SIGNED = r"-?[0-9]+\Z"
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """A node count, fixed (``min == max``) or elastic."""
+
+    min: int
+    max: int
+
+    def __post_init__(self) -> None:
+        if self.min < 1:
+            raise SpecError(
+                "nodes", f"node count {self.min} is not positive; ask for at least 1 node"
+            )
+        if self.min > self.max:
+            raise SpecError(
+                "nodes",
+                f"node range {self.min}:{self.max} has MIN > MAX; "
+                f"write it as {self.max}:{self.min}",
+            )
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.min != self.max
+
+    def multiples(self, k: int) -> tuple[int, int] | None:
+        """The smallest and largest multiples of ``k`` in the range; None if none is."""
+        low, high = -(-self.min // k) * k, self.max // k * k
+        return (low, high) if low <= high else None
+
+    def __str__(self) -> str:
+        """The form the CLI takes and the agent receives: ``N`` or ``MIN:MAX``."""
+        return str(self.min) if not self.is_elastic else f"{self.min}:{self.max}"
+
+    @property
+    def sbatch(self) -> str:
+        """SLURM's form: ``N`` or ``MIN-MAX``."""
+        return str(self.min) if not self.is_elastic else f"{self.min}-{self.max}"
+
+
+def parse_nodes(text: str) -> NodeRange:
+    """Parse ``N`` or ``MIN:MAX``. Raises SpecError."""
+    text = text.strip()
+    parts = text.split(":")
+    if len(parts) > 2 or not all(re.match(_SIGNED, p.strip()) for p in parts):
+        hint = ""
+        if re.fullmatch(r"[0-9]+-[0-9]+", text):
+            hint = f"; for a range write {text.replace('-', ':')}"
+        raise SpecError(
+            "nodes", f"{text!r} is not a node count: use N or MIN:MAX, e.g. 4 or 2:4{hint}"
+        )
+    low = int(parts[0])
+    return NodeRange(low, int(parts[-1]))
+
+
+# --hang-timeout: the automatic timeout's words (hpclaunch.node.hangs documents them).
+HANG_AUTO, HANG_OFF = "auto", "off"
+HANG_FLOOR_S = 300.0  # auto: never less than this,
+HANG_MULTIPLE = 10.0  # and this many times the slowest step seen (hpclaunch.node.hangs)
+MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs in steps
+
+
+def parse_hang_timeout(text: str | float) -> str:
+    """``auto``, ``off`` or seconds above 0, as the agent's option writes it. Raises SpecError."""
+    value = str(text).strip().lower()
+    if value in (HANG_AUTO, HANG_OFF):
+        return value
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not MIN_HANG_TIMEOUT_S <= seconds < float("inf"):
+        raise SpecError(
+            "hang_timeout",
+            f"{text!r} is not a hang timeout; give seconds without progress (at least "
+            f"{MIN_HANG_TIMEOUT_S:g}), {HANG_AUTO!r} (a multiple of the slowest step, with a "
+            f"floor) or {HANG_OFF!r}",
+        )
+    return f"{seconds:f}".rstrip("0").rstrip(".")
+
+
+def parse_endpoints(text: str) -> tuple[str, ...]:
+    """Parse ``host:port[,host:port...]``. Raises SpecError."""
+    endpoints = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not endpoints:
+        raise SpecError(
+            "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
+        )
+    return endpoints
