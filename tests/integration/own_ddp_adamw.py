@@ -6,10 +6,10 @@ on CPU over gloo.
 
 Each step trains a batch made from the step's number and the rank, so a resumed run
 trains the same batches as one that nothing stopped. Rank 0 notes in OUT/steps.jsonl,
-one JSON line each, flushed as it goes: where each run began (``resumed``: the steps
-its checkpoint held, 0 for a fresh start), every optimizer step it completed with its
-time, loss and the parameters after it, and the parameters at the end. The run is
-``SLURM_RESTART_COUNT`` (absent, so 0, on the first).
+one JSON line each, flushed as it goes: where each run began (``resumed``: the steps its
+checkpoint held, 0 for a fresh start, and the parameters it starts from), every
+optimizer step it completed with its time, loss and the parameters after it, and the
+parameters at the end. The run is ``SLURM_RESTART_COUNT`` (absent, so 0, on the first).
 
 Usage: own_ddp_adamw.py OUT [--steps 30] [--save-every 10] [--step-time 0.25]
 """
@@ -66,7 +66,7 @@ def main():
         return [x for p in model.parameters() for x in p.detach().flatten().tolist()]
 
     if rank == 0:
-        note(steps, run=run, resumed=start, world_size=dist.get_world_size())
+        note(steps, run=run, resumed=start, world_size=dist.get_world_size(), params=params())
     for step in range(start, args.steps):
         time.sleep(args.step_time)  # stands for the real work of a step
         x, y = batch(step, rank)

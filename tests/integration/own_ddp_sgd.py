@@ -7,10 +7,10 @@ RANK / WORLD_SIZE, on CPU over gloo.
 
 Each step trains a batch made from the step's number and the rank, so a resumed run
 trains the same batches as one that nothing stopped. Rank 0 notes in OUT/steps.jsonl,
-one JSON line each, flushed as it goes: where each run began (``resumed``: the steps
-its snapshot held, 0 for a fresh start), every optimizer step it completed with its
-time, loss and the parameters after it, and the parameters at the end. The run is
-``SLURM_RESTART_COUNT`` (absent, so 0, on the first).
+one JSON line each, flushed as it goes: where each run began (``resumed``: the steps its
+snapshot held, 0 for a fresh start, and the parameters it starts from), every optimizer
+step it completed with its time, loss and the parameters after it, and the parameters at
+the end. The run is ``SLURM_RESTART_COUNT`` (absent, so 0, on the first).
 
 Usage: own_ddp_sgd.py OUT [--steps 30] [--save-every 10] [--step-time 0.25]
 """
@@ -40,7 +40,10 @@ class Trainer:
             self._load_snapshot()
         self.model = DDP(self.model)
         self.run = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        self._note(run=self.run, resumed=self.steps_run, world_size=dist.get_world_size())
+        world_size = dist.get_world_size()
+        self._note(
+            run=self.run, resumed=self.steps_run, world_size=world_size, params=self._params()
+        )
 
     def _note(self, **fields):
         if self.global_rank == 0:

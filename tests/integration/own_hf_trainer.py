@@ -5,11 +5,11 @@ default optimizer (AdamW). It knows nothing of the launcher but torchrun's RANK 
 LOCAL_RANK / WORLD_SIZE, on CPU over gloo.
 
 A tiny regression model on a fixed synthetic data set of 4 batches per rank and epoch;
-the Trainer's own resume skips the batches an interrupted epoch had done. A callback
-on global rank 0 notes in OUT/steps.jsonl, one JSON line each, flushed as it goes:
-where each run began (``resumed``: the global step of the checkpoint it resumed from,
-0 for a fresh start), every optimizer step it completed with its time, loss and the
-parameters after it, and the parameters at the end. The run is
+the Trainer's own resume skips the batches an interrupted epoch had done. A callback on
+global rank 0 notes in OUT/steps.jsonl, one JSON line each, flushed as it goes: where
+each run began (``resumed``: the global step of the checkpoint it resumed from, 0 for a
+fresh start, and the parameters it starts from), every optimizer step it completed with
+its time, the parameters after it, and the parameters at the end. The run is
 ``SLURM_RESTART_COUNT`` (absent, so 0, on the first).
 
 Usage: own_hf_trainer.py OUT [--steps 30] [--save-every 10] [--step-time 0.25]
@@ -54,9 +54,9 @@ class Steps(TrainerCallback):
     def params(self, model):
         return [x for p in model.parameters() for x in p.detach().flatten().tolist()]
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.note(state, resumed=self.resumed, world_size=world)
+        self.note(state, resumed=self.resumed, world_size=world, params=self.params(model))
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.note(state, step=state.global_step, params=self.params(model))

@@ -8,9 +8,10 @@ Each step trains a batch made from its global step and the rank (not from the
 dataloader's position), so a run resumed mid-epoch trains the same batches as one that
 nothing stopped. A callback on global rank 0 notes in OUT/steps.jsonl, one JSON line
 each, flushed as it goes: where each run began (``resumed``: the global step of the
-checkpoint it resumed from, 0 for a fresh start), every optimizer step it completed
-with its time, loss and the parameters after it, and the parameters at the end. The
-run is ``SLURM_RESTART_COUNT`` (absent, so 0, on the first).
+checkpoint it resumed from, 0 for a fresh start, and the parameters it starts from),
+every optimizer step it completed with its time, loss and the parameters after it, and
+the parameters at the end. The run is ``SLURM_RESTART_COUNT`` (absent, so 0, on the
+first).
 
 Usage: own_lightning.py OUT [--steps 30] [--save-every 10] [--step-time 0.25]
 """
@@ -63,7 +64,8 @@ class Steps(L.Callback):
         return [x for p in module.parameters() for x in p.detach().flatten().tolist()]
 
     def on_train_start(self, trainer, module):
-        self.note(trainer, resumed=self.resumed, world_size=trainer.world_size)
+        size = trainer.world_size
+        self.note(trainer, resumed=self.resumed, world_size=size, params=self.params(module))
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"].item()

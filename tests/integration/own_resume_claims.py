@@ -3,8 +3,9 @@ about its lost work is true: pure functions of the script's own step notes (the 
 truth) and of hpclaunch's outputs, so tests/unit can feed them recorded or made-up texts.
 
 The ground truth is the ``steps.jsonl`` each script of test_own_resume.py writes from
-global rank 0, one JSON object a line: ``{"run": R, "resumed": S}`` when run R starts
-from the S steps its checkpoint held (0: a fresh start), ``{"run": R, "step": N, "t":
+global rank 0, one JSON object a line: ``{"run": R, "resumed": S, "params": [...]}``
+when run R starts from the S steps its checkpoint held (0: a fresh start) with those
+parameters, ``{"run": R, "step": N, "t":
 T, "params": [...]}`` when it completes its N-th optimizer step in the job's count at
 time T, ``{"run": R, "done": N, "params": [...]}`` at the end. A run is the job's
 ``SLURM_RESTART_COUNT``, hpclaunch's requeue count.
@@ -43,6 +44,7 @@ class Run:
     params: dict[int, list[float]] = field(default_factory=dict)  # step N -> after it
     done: int | None = None  # the steps done at its end; None: it did not end by itself
     world_size: int | None = None
+    loaded: list[float] = field(default_factory=list)  # the parameters it started from
 
     @property
     def last(self) -> int:
@@ -68,8 +70,10 @@ class Truth:
             note = json.loads(line)
             run = int(note["run"])
             if "resumed" in note:
-                size = note.get("world_size")
-                runs[run] = Run(run, int(note["resumed"]), float(note["t"]), world_size=size)
+                size, loaded = note.get("world_size"), list(note.get("params", []))
+                runs[run] = Run(
+                    run, int(note["resumed"]), float(note["t"]), world_size=size, loaded=loaded
+                )
                 continue
             if run not in runs:
                 raise ValueError(f"line {number}: run {run} noted a step before its start")
@@ -307,9 +311,10 @@ def resume_problems(truth: Truth, *, steps: int, save_every: int, world_size: in
     every run but the first resumed from a checkpoint of the one before (a multiple of
     ``save_every``, after step 0, at most its last step) and not from 0; each run did its
     steps in order from there; the last ended at ``steps``; each requeued run repeats at
-    least one step (the requeue came between two checkpoints); and each step done
-    twice left the same parameters both times (the checkpoint restored everything the
-    step depends on, so from there the run is the one nothing interrupted)."""
+    least one step (the requeue came between two checkpoints); it started from the
+    parameters the run before had after that step; and each step done twice left the
+    same parameters both times (the checkpoint restored everything the step depends on,
+    so from there the run is the one nothing interrupted)."""
     problems = []
     runs = [truth.runs[r] for r in sorted(truth.runs)]
     if [r.run for r in runs] != list(range(len(runs))) or len(runs) < 2:
@@ -329,6 +334,8 @@ def resume_problems(truth: Truth, *, steps: int, save_every: int, world_size: in
             )
         if truth.repeats(before.run) < 1:
             problems.append(f"run {before.run} ended on a checkpoint: nothing was redone")
+        if at in before.params and _gap(before.params[at], after.loaded) > PARAMS_TOLERANCE:
+            problems.append(f"run {after.run} did not start from run {before.run}'s step {at}")
         for step in sorted(set(before.steps) & set(after.steps)):
             gap = _gap(before.params[step], after.params[step])
             if gap > PARAMS_TOLERANCE:

@@ -30,7 +30,8 @@ def notes(resumed: int = 40, last: int = 45, steps: int = 60, drift: float = 0.0
         {"run": 0, "step": n, "t": 100 + n * STEP_S, "params": [n / 100, 1.0]}
         for n in range(1, last + 1)
     ]
-    lines.append({"run": 1, "resumed": resumed, "world_size": 2, "t": 200.0})
+    start = [resumed / 100 + drift, 1.0]
+    lines.append({"run": 1, "resumed": resumed, "world_size": 2, "t": 200.0, "params": start})
     lines += [
         {"run": 1, "step": n, "t": 200 + n * STEP_S, "params": [n / 100 + drift, 1.0]}
         for n in range(resumed + 1, steps + 1)
@@ -202,6 +203,7 @@ def test_a_resume_from_zero_or_to_other_parameters_is_a_problem() -> None:
     )
     drifted = Truth.parse(notes(drift=1e-3))
     problems = resume_problems(drifted, steps=60, save_every=10, world_size=2)
+    assert problems[0] == "run 1 did not start from run 0's step 40"
     assert next(p for p in problems if "parameters differ" in p).startswith("step 41:")
     on_checkpoint = Truth.parse(notes(last=40))
     assert "run 0 ended on a checkpoint: nothing was redone" in resume_problems(
