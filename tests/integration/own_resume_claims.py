@@ -5,10 +5,10 @@ truth) and of hpclaunch's outputs, so tests/unit can feed them recorded or made-
 The ground truth is the ``steps.jsonl`` each script of test_own_resume.py writes from
 global rank 0, one JSON object a line: ``{"run": R, "resumed": S, "params": [...]}``
 when run R starts from the S steps its checkpoint held (0: a fresh start) with those
-parameters, ``{"run": R, "step": N, "t":
-T, "params": [...]}`` when it completes its N-th optimizer step in the job's count at
-time T, ``{"run": R, "done": N, "params": [...]}`` at the end. A run is the job's
-``SLURM_RESTART_COUNT``, hpclaunch's requeue count.
+parameters; ``{"run": R, "step": N, "t": T, "params": [...]}`` when it completes its
+N-th optimizer step in the job's count at time T; ``{"run": R, "done": N, "params":
+[...]}`` at the end. A run is the job's ``SLURM_RESTART_COUNT``, hpclaunch's requeue
+count.
 
 The claims are judged against the contract the reporting side keeps:
 ``status --json``'s ``lost_work`` is a list of ``{"requeue", "steps", "resumed",
@@ -62,7 +62,7 @@ class Truth:
     @classmethod
     def parse(cls, text: str) -> Truth:
         """Raises ValueError for a line that is not one of the script's notes (a run's
-        step before its start, an unknown shape)."""
+        step before its start, a second start of a run, an unknown shape)."""
         runs: dict[int, Run] = {}
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -70,6 +70,8 @@ class Truth:
             note = json.loads(line)
             run = int(note["run"])
             if "resumed" in note:
+                if run in runs:
+                    raise ValueError(f"line {number}: run {run} started twice (in place?)")
                 size, loaded = note.get("world_size"), list(note.get("params", []))
                 runs[run] = Run(
                     run, int(note["resumed"]), float(note["t"]), world_size=size, loaded=loaded
@@ -146,23 +148,31 @@ def seconds(text: str) -> float:
 def claim_lines(said: Said) -> list[tuple[str, str]]:
     """Every line that says something of lost work, as (where, the line): each
     ``lost work:`` line of status, ``--follow`` and the batch log, hpclaunch's
-    ``warning:`` lines there (the never-saved warning says where a next run starts; the
-    batch log's other lines are the script's), and the ``text`` of each ``--json``
-    entry; each from ``lost work:`` or ``warning:`` on, its spaces made single."""
+    ``warning:`` and ``note:`` lines there (the never-saved one says where a next run
+    starts; the batch log's other lines are the script's), and the ``text`` of each
+    ``--json`` entry and its ``notes``; each from ``lost work:``, ``warning:`` or
+    ``note:`` on, its spaces made single."""
     found = []
-    for where, text, warning in (
-        ("status", said.status_text, "warning:"),
-        ("--follow", said.follow_text, "warning:"),
-        ("batch log", said.batch_log, "supervisor: warning:"),
+    for where, text, prefix in (
+        ("status", said.status_text, ""),
+        ("--follow", said.follow_text, ""),
+        ("batch log", said.batch_log, "supervisor: "),
     ):
         for line in text.splitlines():
-            for mark, start in (("lost work:", "lost work:"), (warning, "warning:")):
+            for mark, start in (
+                ("lost work:", "lost work:"),
+                (f"{prefix}warning:", "warning:"),
+                (f"{prefix}note:", "note:"),
+            ):
                 if mark in line:  # from there on: the time and job prefixes are not claims
                     found.append((where, " ".join(line[line.index(start) :].split())))
                     break
     for entry in _entries(said):
         if isinstance(entry, Mapping) and isinstance(entry.get("text"), str):
             found.append(("status --json", f"lost work: {entry['text']}"))
+    notes = said.status_json.get("notes")
+    for note in notes if isinstance(notes, list) else []:
+        found.append(("status --json", f"note: {note}"))
     return found
 
 

@@ -190,6 +190,8 @@ def show(script: str, end: Ended, problems: list[str]) -> str:
             said.status_text,
             "--follow:",
             said.follow_text,
+            "batch log, hpclaunch's lines:",
+            *(line for line in said.batch_log.splitlines() if "supervisor: " in line),
         ]
     )
 

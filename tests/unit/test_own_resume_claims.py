@@ -7,6 +7,7 @@ passes true ones, with the resume point seen and unseen."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -47,6 +48,10 @@ BEFORE = (
     "run 0 did 45 steps and no checkpoint was written: the next run starts from step 0 "
     "and repeats 45 steps"
 )
+KILLED = (
+    "run 0: the workers on n1 were killed by SIGTERM, which they do not catch, so they "
+    "saved nothing on it"
+)
 NEVER_SAVED = (
     "45 steps done and no checkpoint written: a requeue or an in-place restart starts "
     "again from step 0; save with hpclaunch.checkpoint.save"
@@ -73,8 +78,8 @@ def today() -> Said:
     goodput = {"lost_s": 14.0, "productive_s": 20.0}
     out = said(BEFORE, entry, goodput, "62.5 % of 32 s: productive 20 s, lost 14 s")
     return Said(
-        out.status_json,
-        out.status_text,
+        {**out.status_json, "notes": [KILLED, NEVER_SAVED]},
+        out.status_text + f"  note: {KILLED}\n  note: {NEVER_SAVED}\n",
         out.follow_text + f"[10:00:09] job 7: lost work: {BEFORE}\n",
         out.batch_log + f"supervisor: warning: {NEVER_SAVED}\n",
     )
@@ -94,7 +99,8 @@ def seen() -> Said:
         "text": SEEN,
     }
     goodput = {"lost_s": 1.6, "unknown_s": 0.0}
-    return said(SEEN, entry, goodput, "90.0 % of 32 s: productive 29 s, lost 2 s")
+    out = said(SEEN, entry, goodput, "90.0 % of 32 s: productive 29 s, lost 2 s")
+    return replace(out, status_json={**out.status_json, "notes": [KILLED]})
 
 
 def unseen() -> Said:
@@ -120,6 +126,9 @@ def test_the_truth_is_what_the_script_noted() -> None:
 def test_a_note_before_its_runs_start_is_refused() -> None:
     with pytest.raises(ValueError, match="line 1: run 0 noted a step before its start"):
         Truth.parse('{"run": 0, "step": 1, "t": 1.0}\n')
+    start = '{"run": 0, "resumed": 0, "t": 1.0}\n'
+    with pytest.raises(ValueError, match="line 2: run 0 started twice"):
+        Truth.parse(start * 2)
 
 
 @pytest.mark.parametrize("visible", [True, False])
@@ -133,6 +142,9 @@ def test_todays_false_outputs_are_reported_false(visible: bool) -> None:
         assert f"{where}: {line}: the run after 0 resumed from 40" in wrong, joined
     warning = repr(f"warning: {NEVER_SAVED}")
     assert f"batch log: {warning}: the run after 0 resumed from 40" in wrong, joined
+    for where in ("status", "status --json"):  # status's note, the same words
+        assert f"{where}: {('note: ' + NEVER_SAVED)!r}: the run after 0 resumed from 40" in wrong
+    assert not [w for w in wrong if KILLED in w], joined  # true: nothing saved on SIGTERM
     assert any(w.startswith("status --json: lost_work entry") for w in wrong), joined
     assert any(w.startswith("status --json: goodput lacks lost_s and unknown_s") for w in wrong)
     assert any("lost is at most" in w for w in wrong), joined  # the 14 s
@@ -171,15 +183,13 @@ def test_a_wrong_count_or_a_missing_line_is_reported() -> None:
     wrong = falsehoods(TRUTH, out, visible=True)
     assert f"batch log: {('lost work: ' + wrong_count)!r}: run 0 repeated 5, not 6" in wrong
     assert "status --json: run 0's repeats is 6, not 5" in wrong
-    quiet = Said(seen().status_json, seen().status_text, "", seen().batch_log)
+    quiet = replace(seen(), follow_text="")
     assert falsehoods(TRUTH, quiet, visible=True) == ["--follow: no lost work: line"]
 
 
 def test_redone_time_counted_as_kept_is_false() -> None:
-    out = Said(
-        {**seen().status_json, "goodput": {"lost_s": 0.0, "unknown_s": 0.0}},
-        *[getattr(seen(), f) for f in ("status_text", "follow_text", "batch_log")],
-    )
+    kept = {**seen().status_json, "goodput": {"lost_s": 0.0, "unknown_s": 0.0}}
+    out = replace(seen(), status_json=kept)
     wrong = falsehoods(TRUTH, out, visible=True)
     assert wrong == [
         "goodput: lost + unknown is 0.0 s: 1.5 s of steps were redone, which the rest "
