@@ -133,9 +133,12 @@ def requeue_each_past_its_checkpoint(jobs: list[Submitted]) -> None:
             if run is not None and run.last >= SAVE_EVERY + PAST_CHECKPOINT:
                 each.job.run("scontrol", "requeue", str(each.job.id))
                 waiting.remove(each)
+            elif each.follower.poll() is not None:  # --follow ends with the job
+                pytest.fail(f"{each.script}'s job ended before its requeue:\n{each.job.log}")
         return not waiting
 
-    wait_for(requeue_those_past, timeout_s=240, what="each script past its first checkpoint")
+    past = SAVE_EVERY + PAST_CHECKPOINT
+    wait_for(requeue_those_past, timeout_s=240, what=f"each script past step {past}")
 
 
 def ended(each: Submitted) -> Ended:
@@ -163,9 +166,11 @@ def own_jobs(
             jobs.append(submit_following(sandbox, root / Path(script).stem, script))
         requeue_each_past_its_checkpoint(jobs)
         yield {each.script: ended(each) for each in jobs}
-    finally:
+    finally:  # what a failure left running goes, so the session's next tests have the nodes
         for each in jobs:
             if each.follower.poll() is None:
+                scancel = ["scancel", str(each.job.id)]
+                subprocess.run(scancel, env=each.job.env, capture_output=True, check=False)
                 each.follower.kill()
                 each.follower.wait()
 
