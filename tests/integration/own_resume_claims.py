@@ -267,18 +267,19 @@ def goodput_falsehoods(said: Said, truth: Truth, *, visible: bool) -> list[str]:
     redone = sum(truth.redone_s(r) for r in truth.requeued())
     slack = truth.step_s() + CLOCK_SLACK_S
     most_lost = redone + slack if visible else slack
-    split = said.status_json.get("goodput")
-    if not isinstance(split, Mapping) or not {"lost_s", "unknown_s"} <= set(split):
-        have = sorted(split) if isinstance(split, Mapping) else split
-        wrong.append(f"status --json: goodput lacks lost_s and unknown_s: {have}")
-    else:
-        lost, unknown = float(split["lost_s"]), float(split["unknown_s"])
-        if lost > most_lost:
-            wrong.append(
-                f"goodput: lost {lost:.1f} s where {redone:.1f} s of steps were redone"
-                + ("" if visible else " and the resume point is unknown")
-                + f" (allowed {most_lost:.1f} s)"
-            )
+    found = said.status_json.get("goodput")
+    split: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    for key in ("lost_s", "unknown_s"):
+        if not isinstance(split.get(key), (int, float)):
+            wrong.append(f"status --json: goodput has no {key}: {found!r}")
+    lost, unknown = split.get("lost_s"), split.get("unknown_s")
+    if isinstance(lost, (int, float)) and lost > most_lost:
+        wrong.append(
+            f"goodput: lost {lost:.1f} s where {redone:.1f} s of steps were redone"
+            + ("" if visible else " and the resume point is unknown")
+            + f" (allowed {most_lost:.1f} s)"
+        )
+    if isinstance(lost, (int, float)) and isinstance(unknown, (int, float)):
         kept = unknown if not visible else lost + unknown
         if kept < redone - CLOCK_SLACK_S:
             part = "unknown" if not visible else "lost + unknown"

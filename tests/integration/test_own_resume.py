@@ -180,10 +180,12 @@ def show(script: str, end: Ended, problems: list[str]) -> str:
     said = end.said
     lost = json.dumps(said.status_json.get("lost_work"), indent=1)
     goodput = json.dumps(said.status_json.get("goodput"), indent=1)
+    truth = end.truth
     runs = {
-        r.run: {"resumed": r.resumed, "last": r.last, "done": r.done}
-        for r in end.truth.runs.values()
+        r.run: {"resumed": r.resumed, "last": r.last, "done": r.done} for r in truth.runs.values()
     }
+    for r in truth.requeued():
+        runs[r].update(repeats=truth.repeats(r), redone_s=round(truth.redone_s(r), 2))
     return "\n".join(
         [
             f"{script}: {len(problems)} problem(s):",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,10 +147,35 @@ def test_todays_false_outputs_are_reported_false(visible: bool) -> None:
         assert f"{where}: {('note: ' + NEVER_SAVED)!r}: the run after 0 resumed from 40" in wrong
     assert not [w for w in wrong if KILLED in w], joined  # true: nothing saved on SIGTERM
     assert any(w.startswith("status --json: lost_work entry") for w in wrong), joined
-    assert any(w.startswith("status --json: goodput lacks lost_s and unknown_s") for w in wrong)
+    assert any(w.startswith("status --json: goodput has no unknown_s: {") for w in wrong)
+    assert "goodput: lost 14.0 s where 1.5 s of steps were redone" in joined
     assert any("lost is at most" in w for w in wrong), joined  # the 14 s
     if not visible:
         assert f"status: {line}: the resume point is unknown; it does not say so" in wrong
+
+
+def test_the_outputs_recorded_on_the_sandbox_are_reported_false() -> None:
+    """What hpclaunch said before the job record of a plain SGD script that resumed
+    from its own snapshot of step 10 after run 0 did 13 steps."""
+    recorded = json.loads(Path(__file__).with_name("own_resume_recorded.json").read_text())
+    out = Said(**{k: v for k, v in recorded.items() if k != "recorded"})
+    truth = Truth.parse(notes(resumed=10, last=13, steps=30))
+    wrong = falsehoods(truth, out, visible=False)
+    said = repr(
+        "lost work: run 0 did 13 steps and no checkpoint was written: the next run starts "
+        "from step 0 and repeats 13 steps"
+    )
+    for where in ("status", "--follow", "batch log"):
+        assert f"{where}: {said}: run 0 repeated 3, not 13" in wrong, wrong
+        assert f"{where}: {said}: the run after 0 resumed from 10" in wrong
+        assert f"{where}: {said}: the resume point is unknown; it does not say so" in wrong
+    assert "goodput: lost 3.1 s where 0.9 s of steps were redone and the resume point is " in (
+        "\n".join(wrong)
+    )
+    note = repr(f"note: {recorded['status_json']['notes'][1]}")  # 20 steps ... from step 0
+    assert [w for w in wrong if "note: 20 steps done" in w] == [
+        f"{where}: {note}: the run after 0 resumed from 10" for where in ("status", "status --json")
+    ]
 
 
 def test_true_outputs_pass() -> None:
