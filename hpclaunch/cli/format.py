@@ -89,7 +89,7 @@ def _last_checkpoint(status: JobStatus) -> list[str]:
     if status.checkpoint_dir:
         nor = ", nor matching " + ", ".join(status.checkpoint_patterns)
         return [
-            f"  last checkpoint: none yet in {status.checkpoint_dir}"
+            f"  last checkpoint: none seen in {status.checkpoint_dir}"
             + (nor if status.checkpoint_patterns else "")
         ]
     return []

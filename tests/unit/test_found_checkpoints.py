@@ -79,7 +79,7 @@ def test_a_file_older_than_the_job_is_not_its_checkpoint(tmp_path: Path) -> None
     history.save(folder)
     touch(Path(snapshot), 1000.0)
     assert status_of(folder).found_checkpoint is None
-    assert "last checkpoint: none yet" in render_status(status_of(folder))
+    assert "last checkpoint: none seen" in render_status(status_of(folder))
     os.utime(snapshot, (5100.0, 5100.0))  # the job wrote it
     assert status_of(folder).found_checkpoint == snapshot
 
@@ -174,7 +174,7 @@ def test_status_without_any_checkpoint_names_where_it_looked(tmp_path: Path) -> 
     folder = job_folder(tmp_path, [pattern, "/x/y.pt"], {})
     report = render_status(status_of(folder))
     assert (
-        f"  last checkpoint: none yet in {folder / 'ckpt'}, nor matching {pattern}, /x/y.pt\n"
+        f"  last checkpoint: none seen in {folder / 'ckpt'}, nor matching {pattern}, /x/y.pt\n"
         in (report + "\n")
     )
     lightning = touch(folder / "ckpt" / "lightning" / "step-000000000007.ckpt", 50.0)
@@ -189,7 +189,7 @@ def test_a_job_with_only_hpclaunchs_checkpoints_reads_as_before(tmp_path: Path) 
     assert f"\n  last checkpoint: step 10 ({own})\n" in render_status(status)
     assert status.found_checkpoint is None and status.last_checkpoint == str(own)
     empty = job_folder(tmp_path / "other", [], {})
-    assert f"\n  last checkpoint: none yet in {empty / 'ckpt'}\n" in render_status(status_of(empty))
+    assert f"\n  last checkpoint: none seen in {empty / 'ckpt'}\n" in render_status(status_of(empty))
 
 
 def test_follow_tells_each_new_checkpoint_found_by_pattern(tmp_path: Path) -> None:
