@@ -351,9 +351,9 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
     """The script, and unless ``dry_run`` its submission, noted in this user's job list
     (a job that cannot be noted is submitted all the same: a warning says so).
     Raises TemplateError, SlurmError or HpclaunchError."""
-    from hpclaunch.job.render import render
+    from hpclaunch.job.render import compiled_cache, render
 
-    text = render(spec)
+    text = render(spec, compiled=compiled_cache(obj.env))
     if dry_run:
         return text, None
     # Only a submission needs these: --dry-run stays fast on a login node.

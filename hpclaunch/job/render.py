@@ -11,21 +11,22 @@ module does no I/O.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 import shlex
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
 from hpclaunch._version import __version__
+from hpclaunch.contract import job_folder, worker_env
 from hpclaunch.contract.agent import AgentSettings
 from hpclaunch.contract.supervisor import SupervisorSettings
 from hpclaunch.errors import TemplateError
 from hpclaunch.job.spec import GpuDirective, JobSpec
 from hpclaunch.job.values import format_time
-from hpclaunch.jobdir import layout
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 BUILTIN_PREFIX = "hpclaunch/"
@@ -163,7 +164,7 @@ def directives(spec: JobSpec) -> list[Shell]:
         # %% keeps a '%' of the folder name from being read as a SLURM pattern.
         _option(
             "output",
-            f"{_log_dir(spec).replace('%', '%%')}/{layout.BATCH_LOG_PATTERN}",
+            f"{_log_dir(spec).replace('%', '%%')}/{job_folder.BATCH_LOG_PATTERN}",
             sbatch_quote,
         ),
     ]
@@ -233,9 +234,9 @@ def context(spec: JobSpec) -> dict[str, Any]:
     checkpoint_dir = (
         _runtime_path(spec.checkpoint_dir)
         if spec.checkpoint_dir is not None
-        else Shell(f'"${layout.JOB_DIR_VAR}"/{layout.CHECKPOINTS}')
+        else Shell(f'"${worker_env.JOB_DIR}"/{job_folder.CHECKPOINTS}')
     )
-    supervisor = words(supervisor_argv(spec), "--job-dir", Shell(f'"${layout.JOB_DIR_VAR}"'), "--")
+    supervisor = words(supervisor_argv(spec), "--job-dir", Shell(f'"${worker_env.JOB_DIR}"'), "--")
     srun = words(
         "srun",
         Shell('--nodes="$SLURM_JOB_NUM_NODES"'),
@@ -268,8 +269,42 @@ def context(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def render(spec: JobSpec) -> str:
+def compiled_cache(env: Mapping[str, str]) -> Path:
+    """``$XDG_CACHE_HOME/hpclaunch/templates``, by default
+    ``~/.cache/hpclaunch/templates``: where ``hpclaunch sbatch`` keeps compiled templates
+    (compiling the built-in one takes about as long as the rest of a dry run)."""
+    cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".cache")
+    return Path(cache) / "hpclaunch" / "templates"
+
+
+def _bytecode_cache(folder: Path) -> Any:
+    """Jinja's bytecode cache in ``folder`` (made private to this user), which never
+    fails a render: a folder that cannot be made or written only costs a compile."""
+    import jinja2
+
+    class Quiet(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket: Any) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except (OSError, ValueError, EOFError):  # unreadable or torn: compile again
+                bucket.reset()
+
+        def dump_bytecode(self, bucket: Any) -> None:
+            with contextlib.suppress(OSError):  # a read-only home: compiled next time too
+                super().dump_bytecode(bucket)
+
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return Quiet(str(folder))
+
+
+def render(spec: JobSpec, *, compiled: Path | None = None) -> str:
     """Render ``spec`` through its template (``spec.template`` or the built-in one).
+    ``compiled``: a folder of this user's where the templates' compiled form is kept
+    between runs (Jinja's bytecode cache, checked against the template's source; the
+    login node's CLI passes one, see ``compiled_cache``); None compiles them each time.
 
     Raises TemplateError for a missing or broken template or an undefined variable.
     """
@@ -291,6 +326,7 @@ def render(spec: JobSpec) -> str:
         name, source = path.name, f"template {spec.template!r}"
     env = jinja2.Environment(
         loader=jinja2.ChoiceLoader(loaders),
+        bytecode_cache=_bytecode_cache(compiled) if compiled is not None else None,
         undefined=jinja2.StrictUndefined,
         finalize=_finalize,
         autoescape=False,

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch.contract import worker_env
+from hpclaunch.contract.job_folder import BATCH_LOG_PATTERN as BATCH_LOG_PATTERN
+from hpclaunch.contract.job_folder import CHECKPOINTS
 from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
 
 # Set by the rendered script (and the local Executor); see hpclaunch.contract.worker_env.
@@ -48,7 +50,6 @@ JOB_DIR_VAR = worker_env.JOB_DIR
 SCRIPT = "job.sbatch"
 HISTORY = "history.json"
 CANCELLED = "cancelled"
-CHECKPOINTS = "checkpoints"
 SAVES = "checkpoint-saves.jsonl"
 LOGS = "logs"
 FAILURES = "failures"
@@ -58,9 +59,6 @@ DEPUTY = "deputy.json"
 HANGS = "hangs"
 PROGRESS = "progress"
 STACKS = "stacks"
-# sbatch's --output, relative to the log folder: SLURM puts the job name for %x and
-# the job id for %j, which batch_log spells out.
-BATCH_LOG_PATTERN = "%x-%j.out"
 EXECUTOR_INFO_SUFFIX = "_hpclaunch.json"
 # The parts of a run that are the same on every node: SLURM's requeue count, the
 # job step, and the rendezvous round (HPCLAUNCH_ATTEMPT, job-wide, unlike torch's

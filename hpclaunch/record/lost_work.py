@@ -208,7 +208,7 @@ def never_saved(
     return (
         f"{_steps(done)} done and no checkpoint of the job seen: if the script saves its own "
         "way, give its files with --checkpoint-pattern so that status shows them; if it does "
-        "not save, a requeue or an in-place restart starts again from step 0: save with "
-        "hpclaunch.checkpoint.save (or, for Lightning, "
-        "hpclaunch.frameworks.lightning.StopCheckpoint): docs/bring-your-script.md"
+        "not save at all, save with hpclaunch.checkpoint.save (or, for Lightning, "
+        "hpclaunch.frameworks.lightning.StopCheckpoint) so that a requeue or a restart does "
+        "not start over: docs/bring-your-script.md"
     )

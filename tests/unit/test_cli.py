@@ -46,7 +46,14 @@ def test_dry_run_prints_script_and_submits_nothing(project: Path) -> None:
     assert result.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=train\n")
     assert "-- \\\n    train.py --lr 3e-4\n" in result.stdout
     assert fake.calls == []
-    assert sorted(p.name for p in project.iterdir()) == ["train.py"]
+    # Nothing in the project; the compiled template is kept in the user's cache (HOME
+    # is project/home here), for the next run.
+    assert sorted(p.name for p in project.iterdir()) == ["home", "train.py"]
+    cached = project / "home" / ".cache" / "hpclaunch" / "templates"
+    assert [p.suffix for p in cached.iterdir()] == [".cache"]
+    assert cached.stat().st_mode & 0o777 == 0o700
+    again = run(project, ["--dry-run", "--nodes", "2", "train.py", "--lr", "3e-4"], fake)
+    assert again.stdout == result.stdout
 
 
 def test_submit_prints_job_id_alone_and_keeps_the_script(project: Path) -> None:

@@ -189,7 +189,9 @@ def test_a_job_with_only_hpclaunchs_checkpoints_reads_as_before(tmp_path: Path) 
     assert f"\n  last checkpoint: step 10 ({own})\n" in render_status(status)
     assert status.found_checkpoint is None and status.last_checkpoint == str(own)
     empty = job_folder(tmp_path / "other", [], {})
-    assert f"\n  last checkpoint: none seen in {empty / 'ckpt'}\n" in render_status(status_of(empty))
+    assert f"\n  last checkpoint: none seen in {empty / 'ckpt'}\n" in render_status(
+        status_of(empty)
+    )
 
 
 def test_follow_tells_each_new_checkpoint_found_by_pattern(tmp_path: Path) -> None:
