@@ -213,6 +213,21 @@ def test_a_wrong_count_or_a_missing_line_is_reported() -> None:
     assert falsehoods(TRUTH, quiet, visible=True) == ["--follow: no lost work: line"]
 
 
+def test_a_line_said_before_the_resume_is_true_when_the_count_follows() -> None:
+    """The batch log says at the next run's start that its resume point is not known yet,
+    and once it is, the count: both true. Only the first is not enough."""
+    forecast = (
+        "supervisor: lost work: run 0 did 45 steps: the step the next run resumes from is "
+        "unknown until it resumes (...)"
+    )
+    both = replace(seen(), batch_log=f"{forecast}\n{seen().batch_log}")
+    assert falsehoods(TRUTH, both, visible=True) == []
+    alone = replace(seen(), batch_log=forecast)
+    assert falsehoods(TRUTH, alone, visible=True) == [
+        "batch log: only says the lost work is not known yet, never the count"
+    ]
+
+
 def test_redone_time_counted_as_kept_is_false() -> None:
     kept = {**seen().status_json, "goodput": {"lost_s": 0.0, "unknown_s": 0.0}}
     out = replace(seen(), status_json=kept)
