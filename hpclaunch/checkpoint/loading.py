@@ -104,11 +104,14 @@ def load_latest(
 
 def _tell_progress(step: int, ranks: Ranks) -> None:
     """Tell this worker's progress the steps the loaded checkpoint holds, in the job's
-    count: what the job folder's record of its save says (``step`` is only the script's
-    label: an epoch, say), else ``step + 1``. Rank 0 reads the record; every rank takes
-    its answer (a collective), so that every rank counts on from the same step."""
+    count: what the job folder's record of its save says. ``step`` is only the script's
+    label (an epoch, say): without a record (another job's checkpoint, or a save whose
+    count was not the job's) nothing is told, and the optimizer's state may still tell.
+    Rank 0 reads the record; every rank takes its answer (a collective), so that every
+    rank counts on from the same step."""
     held = ranks.from_rank0(_recorded_steps(step) if ranks.rank == 0 else -1)
-    progress.resumed_from(step, held=held if held >= 0 else None, by=progress.BY_CHECKPOINT)
+    if held >= 0:
+        progress.resumed_from(step, held=held, by=progress.BY_CHECKPOINT)
 
 
 def _recorded_steps(step: int, env: Mapping[str, str] = os.environ) -> int:

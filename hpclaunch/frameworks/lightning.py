@@ -250,7 +250,10 @@ def _ends_batches(callback: pl.Callback) -> bool:
 def _report_progress(trainer: pl.Trainer) -> None:
     """Tell hpclaunch's progress the step training resumed from (its count is the
     job's then, as ``hpclaunch status`` and the lost work need) and the run's length."""
-    if trainer.global_step > 0:  # resumed: Lightning's count is of optimizer steps
+    # Lightning's global step counts every optimizer's steps; hpclaunch's count is the
+    # first optimizer's: they are the same count with one optimizer only (a GAN's two
+    # would double it), so only then does the global step tell where training resumed.
+    if trainer.global_step > 0 and len(trainer.optimizers) == 1:
         progress.resumed_from(held=trainer.global_step, by=progress.BY_LIGHTNING)
     try:
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches

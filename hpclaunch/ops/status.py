@@ -23,8 +23,8 @@ from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import deadends, registry
 from hpclaunch.record import checkpoints, goodput, lost_work, signals, training
-from hpclaunch.record.attempts import of_job
-from hpclaunch.record.checkpoints import Kind
+from hpclaunch.record.attempts import Attempt, of_job
+from hpclaunch.record.checkpoints import Kind, Saved
 from hpclaunch.record.goodput import Timeline
 from hpclaunch.record.job_record import JobRecord
 from hpclaunch.slurm.commands import Slurm
@@ -334,7 +334,8 @@ def _from_record(record: JobRecord, status: JobStatus, submitted: float | None, 
     _saves(record, status)
     status.root_cause = root_cause(record, status.runs)
     if status.runs:
-        status.timeline = goodput.of_record(record, submitted, now, status.ended)
+        running = status.job_state is JobState.RUNNING
+        status.timeline = goodput.of_record(record, submitted, now, status.ended, running)
         status.goodput = status.timeline.split if status.timeline else None
 
 
@@ -348,7 +349,7 @@ def _current_run(record: JobRecord, status: JobStatus) -> int | None:
 
 
 def _progress(
-    record: JobRecord, status: JobStatus, attempts: Mapping[int, Any], now: float
+    record: JobRecord, status: JobStatus, attempts: Mapping[int, list[Attempt]], now: float
 ) -> None:
     """The current run's progress and restarts, and every hang."""
     status.hangs = [
@@ -368,7 +369,10 @@ def _progress(
 
 
 def _lost_work(
-    record: JobRecord, status: JobStatus, attempts: Mapping[int, Any], saved: Sequence[Any]
+    record: JobRecord,
+    status: JobStatus,
+    attempts: Mapping[int, list[Attempt]],
+    saved: Sequence[Saved],
 ) -> None:
     """What each run that another one followed (or that was requeued) did twice."""
     told = []
@@ -377,7 +381,7 @@ def _lost_work(
         if after is None and run.action not in _REQUEUED_ACTIONS:
             continue
         ended = run.ended if run.ended is not None or after is None else after.started
-        told.append((run.requeue, ended, after.requeue if after is not None else None))
+        told.append((run.requeue, ended, [r.requeue for r in status.runs[index + 1 :]]))
     status.lost_work = lost_work.of_runs(told, attempts, saved, status.ended)
     done = status.training.step or status.training.counted if status.training else 0
     warning = lost_work.never_saved(saved, attempts, done)

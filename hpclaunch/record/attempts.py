@@ -24,6 +24,9 @@ from hpclaunch.record.job_record import JobRecord, RunRecord
 
 @dataclass(frozen=True)
 class Attempt:
+    """One attempt of the worker group (run ``requeue``, rendezvous round ``attempt``),
+    its nodes' events and notes merged."""
+
     requeue: int
     attempt: int
     began: float | None
@@ -36,6 +39,9 @@ class Attempt:
     resumed_by: str | None = None  # how a worker saw that (progress_notes.RESUMED_BY)
     job_count: bool = False  # its step counts are the job's (see the module)
     samples: tuple[tuple[float, int], ...] = ()  # (wall time, steps done), by time
+    # False: no node's first-step event was read, so ``first`` is only the earliest
+    # progress sample (the training began at that time or before).
+    first_known: bool = True
 
     @property
     def stepped(self) -> bool:
@@ -43,10 +49,15 @@ class Attempt:
 
     @property
     def steps(self) -> int | None:
-        """The steps this attempt did itself."""
-        if self.first_step is None or self.last_step is None:
+        """The steps this attempt did itself; None when its first step is not known and
+        its count does not start at it."""
+        if self.last_step is None:
             return None
-        return self.last_step - self.first_step + 1
+        if self.first_step is not None:
+            return self.last_step - self.first_step + 1
+        if self.resumed is not None:
+            return self.last_step - self.resumed
+        return None if self.job_count else self.last_step
 
     def passed(self, steps: int) -> float | None:
         """When this attempt had done ``steps`` (in its own count), from its samples taken
@@ -55,7 +66,7 @@ class Attempt:
         before: tuple[float, int] | None = None
         for when, done in self.samples:
             if done >= steps:
-                if before is None or done == before[1]:
+                if before is None:
                     return when
                 share = (steps - before[1]) / (done - before[1])
                 return before[0] + (when - before[0]) * share
@@ -102,14 +113,18 @@ def _merge(
     lasts = [e for e in ends if e.step_time is not None and e.step is not None]
     last = max((e.step_time for e in lasts if e.step_time), default=None)
     last_step = min((e.step for e in lasts if e.step is not None), default=None)
+    steps = [(e.time, e.step) for e in events if e.event == STEP and e.step is not None]
     if last is None and notes:
         # No end noted (a lost node writes none): its notes are at most a few s old.
         last = max(n.time - min(r.idle_s for r in n.ranks) for n in notes)
         last_step = min(r.step for n in notes for r in n.ranks)
+    elif last is None and steps:  # nor a note of this attempt: its last progress sample
+        last, last_step = max(steps)
     first_time, first_step = (first.time, first.step) if first else (None, None)
-    if first_time is None and notes:  # stepped before its first event was written
-        first_time = min(n.time - min(r.idle_s for r in n.ranks) for n in notes)
-    resumed, resumed_by = _resumed(firsts, notes)
+    samples = _samples(events, notes, last, last_step)
+    if first_time is None and samples:  # stepped before its first event was written
+        first_time = samples[0][0]
+    resumed, resumed_by = _resumed(events, notes)
     job_count = resumed is not None or starts_job or _numbered(notes)
     return Attempt(
         requeue,
@@ -123,22 +138,30 @@ def _merge(
         resumed,
         resumed_by,
         job_count,
-        _samples(events, notes, last, last_step),
+        samples,
+        first is not None,
     )
 
 
 def _resumed(
-    firsts: Sequence[AttemptEvent], notes: Sequence[NodeProgress]
+    events: Sequence[AttemptEvent], notes: Sequence[NodeProgress]
 ) -> tuple[int | None, str | None]:
-    """The step the attempt resumed from, as its workers saw it: every node that saw one
-    saw the same, else it is not known (a disagreement is no evidence)."""
-    seen = [(e.resumed, e.resumed_by) for e in firsts if e.resumed is not None]
-    seen += [(r.resumed, r.resumed_by) for n in notes for r in n.ranks if r.resumed is not None]
-    points = Counter(point for point, _ in seen)
-    if len(points) != 1:
+    """The step the attempt resumed from, as its workers saw it: known only when every
+    node that stepped saw one and all saw the same (a node that saw none, or another
+    one, leaves it unknown: the ranks would not count alike)."""
+    seen: dict[str, list[tuple[int | None, str | None]]] = {}
+    for event in events:
+        if event.event == FIRST:  # the node's ranks' agreed resume point, or None
+            seen.setdefault(event.node, []).append((event.resumed, event.resumed_by))
+    for note in notes:
+        for rank in note.ranks:
+            seen.setdefault(note.node, []).append((rank.resumed, rank.resumed_by))
+    said = [pair for pairs in seen.values() for pair in pairs]
+    points = Counter(point for point, _ in said)
+    if not said or len(points) != 1 or None in points:
         return None, None
     point = next(iter(points))
-    return point, next(how for p, how in seen if p == point)
+    return point, next(how for p, how in said if p == point)
 
 
 def _numbered(notes: Sequence[NodeProgress]) -> bool:

@@ -57,8 +57,11 @@ def known(record: JobRecord) -> list[Saved]:
             out.append(Saved(Kind.HPCLAUNCH, f"step {c.step}", c.written, None, c.written))
     for c in record.checkpoints.lightning:
         if c.written is not None and _own(c.written, since):
+            # Named by Lightning's global step, which counts every optimizer's steps: the
+            # steps it holds in hpclaunch's count (the first optimizer's) only with one.
+            # Its time tells what it holds; where a run resumed from it, the run says.
             label = f"{LIGHTNING_FOLDER}/{c.path.name}"
-            out.append(Saved(Kind.LIGHTNING, label, c.written, c.step, c.written))
+            out.append(Saved(Kind.LIGHTNING, label, c.written, None, c.written))
     for f in record.found.found:
         if _own(f.written, since):
             out.append(Saved(Kind.PATTERN, str(f.path), f.written, None, f.written))

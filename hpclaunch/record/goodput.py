@@ -166,7 +166,7 @@ class _Tiler:
 
 def kept_until(
     attempt: Attempt, last: float, nxt: Attempt | None, expected: bool, saved: Sequence[Saved]
-) -> tuple[float | None, str]:
+) -> tuple[float, str]:
     """Until when ``attempt``'s training (its first step to ``last``) is kept, and what
     comes after that: "lost", or "unknown" (the time is then where the known part ends).
     ``nxt``: the next attempt that stepped (None: none yet); ``expected``: one will come
@@ -213,16 +213,19 @@ def _run(
     expected: bool,
     saved: Sequence[Saved],
     hung: set[tuple[int, int]],
+    live: bool,
 ) -> list[Segment]:
     """One run's segments over [run.started, end]. ``following``: the first attempt of a
-    later run that stepped; ``expected``: a later run will come (the run was requeued)."""
+    later run that stepped; ``expected``: a later run will come (the run was requeued);
+    ``live``: the run is on its nodes now (its last attempt trains until ``end``)."""
     tiler = _Tiler(run.requeue, run.started, end)
     waiting = "startup"
     stepped = [a for a in attempts if a.first is not None]
     for index, attempt in enumerate(stepped):
-        tiler.to(attempt.first, waiting)
+        # Before a first step no event told, training may already have begun.
+        tiler.to(attempt.first, waiting if attempt.first_known else "unknown")
         is_last = index == len(stepped) - 1
-        running = is_last and run.ended is None and attempt.ended is None
+        running = live and is_last and attempt.ended is None
         last = end if running else attempt.last or attempt.first or end
         # A save the attempt made after its last noted step (a lost node notes no end):
         # training went on at least until then.
@@ -230,7 +233,7 @@ def _run(
         last = max([last, *(s.called + s.blocked_s for s in saved if last < s.called <= stop)])
         nxt = stepped[index + 1] if not is_last else following
         keep, after = kept_until(attempt, last, nxt, not is_last or expected, saved)
-        _train(tiler, attempt, last, keep if keep is not None else last, after, saved)
+        _train(tiler, attempt, last, keep, after, saved)
         if (attempt.requeue, attempt.attempt) in hung:
             tiler.to(attempt.ended, "hangs")
             waiting = "restarts"
@@ -250,18 +253,21 @@ def timeline(
     submitted: float | None,
     now: float,
     final: bool,
+    running: bool = False,
 ) -> Timeline | None:
     """The job's goodput and its stretches, from plain data: ``attempts`` by requeue,
     ``saved`` the job's checkpoints, ``hung`` the (requeue, attempt) pairs a hang ended,
-    ``final``: the job has ended (SLURM says so), else its time runs to ``now``. None
-    without a run. Pure."""
+    ``final``: the job has ended (SLURM says so), else its time runs to ``now``;
+    ``running``: the job is on its nodes now (SLURM says RUNNING), so its last run goes
+    on until ``now`` when it recorded no end. None without a run. Pure."""
     if not runs:
         return None
     runs = sorted(runs, key=lambda r: r.started)
     start = runs[0].started if submitted is None else min(submitted, runs[0].started)
-    ends = [r.ended for r in runs if r.ended is not None]
-    until = (runs[-1].ended or max([runs[-1].started, *ends])) if final else now
-    until = max(until, start)
+    live = running and not final
+    last = runs[-1]
+    last_end = now if live and last.ended is None else _seen_until(last, attempts)
+    until = max(last_end if final else now, start)
     stepped = any(a.first is not None for found in attempts.values() for a in found)
     queue = _Tiler(-1, start, until)
     segments: list[Segment] = []
@@ -269,14 +275,20 @@ def timeline(
         queue.to(run.started, "queue")
         begun = queue.cursor  # runs do not overlap, whatever their records say
         following_at = runs[index + 1].started if index + 1 < len(runs) else until
-        end = min(following_at, until, following_at if run.ended is None else run.ended)
-        end = max(end, begun)
+        # A run with no recorded end: the next run's start ends it; the last one goes on
+        # while the job runs, else it ended after the last thing it was seen doing.
+        own = run.ended if run.ended is not None else following_at
+        if run is last and run.ended is None:
+            own = last_end
+        end = max(min(following_at, until, own), begun)
         later = [a for r in runs[index + 1 :] for a in attempts.get(r.requeue, ()) if a.first]
         expected = index + 1 < len(runs) or (run.action in _REQUEUED and not final)
         moved = RunTimes(run.requeue, begun, run.ended, run.reason, run.action)
         if stepped:
             mine = attempts.get(run.requeue, ())
-            segments += _run(moved, end, mine, later[0] if later else None, expected, saved, hung)
+            nxt = later[0] if later else None
+            live_run = live and run is last
+            segments += _run(moved, end, mine, nxt, expected, saved, hung, live_run)
         elif end > begun:  # no step seen anywhere: training cannot be told from waiting
             segments.append(Segment(run.requeue, "unknown", begun, end))
         queue.cursor = end
@@ -304,14 +316,25 @@ def timeline(
     return Timeline(split, segments, list(runs), found, list(saved), sorted(hung))
 
 
+def _seen_until(run: RunTimes, attempts: Mapping[int, Sequence[Attempt]]) -> float:
+    """When ``run`` ended, or, when it recorded no end, the last thing it was seen
+    doing (an attempt's end, last step, first step or start)."""
+    if run.ended is not None:
+        return run.ended
+    mine = attempts.get(run.requeue, ())
+    times = [t for a in mine for t in (a.ended, a.last, a.first, a.began) if t is not None]
+    return max([run.started, *times])
+
+
 def of_record(
-    record: JobRecord, submitted: float | None, now: float, final: bool
+    record: JobRecord, submitted: float | None, now: float, final: bool, running: bool = False
 ) -> Timeline | None:
     """The goodput of the job ``record`` holds (``submitted``: the job list's submit time,
-    None when unknown); None before its first run."""
+    None when unknown; ``final``, ``running``: as ``timeline`` takes them); None before
+    its first run."""
     runs = [
         RunTimes(r.requeue_count, r.started, r.ended, r.reason, r.action)
         for r in record.history.runs
     ]
     hung = {(r.requeue, r.attempt) for run in record.runs.values() for r in run.hangs}
-    return timeline(runs, of_job(record), known(record), hung, submitted, now, final)
+    return timeline(runs, of_job(record), known(record), hung, submitted, now, final, running)

@@ -180,16 +180,18 @@ def _before_resume(
 
 
 def of_runs(
-    runs: Sequence[tuple[int, float | None, int | None]],
+    runs: Sequence[tuple[int, float | None, Sequence[int]]],
     attempts: Mapping[int, Sequence[Attempt]],
     saved: Sequence[Saved],
     job_over: bool,
 ) -> list[RunLoss]:
-    """The loss of each of ``runs``: (requeue, when it ended, the requeue count of the
-    run after it, None when none has started yet), oldest first."""
+    """The loss of each of ``runs``: (requeue, when it ended, the requeue counts of the
+    runs after it, oldest first), oldest first. What a run lost is told by the first later
+    run that stepped (one requeued before its first step resumed from nothing)."""
     out = []
-    for requeue, ended, after in runs:
-        following = attempts.get(after, []) if after is not None else []
+    for requeue, ended, later in runs:
+        stepped = [attempts[r] for r in later if any(a.stepped for a in attempts.get(r, ()))]
+        following = stepped[0] if stepped else []
         loss = run_loss(requeue, attempts.get(requeue, []), following, saved, ended, job_over)
         if loss is not None:
             out.append(loss)

@@ -5,10 +5,12 @@ record (the clock is a parameter). No torch."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.attempts import END, FIRST, STEP, AttemptEvent
 from hpclaunch.jobdir.layout import AttemptFolder
 from hpclaunch.jobdir.progress_notes import NodeProgress
 from hpclaunch.record.attempts import Attempt
@@ -97,7 +99,7 @@ def of_run(
         merged.resumed if merged is not None else None,
         merged.resumed_by if merged is not None else None,
     )
-    slow = slowest(latest)
+    slow = slowest(latest, run.events)
     if slow is not None:
         node, mine, others = slow
         training = replace(
@@ -106,9 +108,18 @@ def of_run(
     return training
 
 
-def slowest(notes: Sequence[NodeProgress]) -> tuple[str, float, float] | None:
-    """The node clearly slower than the others (see SLOWER), its steps per second and the
-    fastest other's; None when none is. Pure."""
+def slowest(
+    notes: Sequence[NodeProgress], events: Sequence[AttemptEvent] = ()
+) -> tuple[str, float, float] | None:
+    """The node clearly slower than the others, its steps per second and the fastest
+    other's; None when none is. Pure.
+
+    Ranks that step together have the same count at the same moment, whatever their
+    rates over different stretches say. So a node is named only when its rate is below
+    SLOWER of the fastest other's *and*, at every moment two of its progress samples
+    (``events``: the attempt's, and its note) share with each other node's, its count is
+    behind that node's by more than BEHIND_STEPS (and 5 %), at two moments at least, the
+    gap not shrinking."""
     rates = {
         n.node: min((r.steps_per_s for r in n.ranks if r.steps_per_s), default=0.0) for n in notes
     }
@@ -116,24 +127,43 @@ def slowest(notes: Sequence[NodeProgress]) -> tuple[str, float, float] | None:
     if len(known) < 2:
         return None
     node = min(known, key=lambda name: known[name])
-    others = {name: rate for name, rate in known.items() if name != node}
-    fastest = max(others.values())
+    fastest = max(rate for name, rate in known.items() if name != node)
     if known[node] >= SLOWER * fastest:
         return None
-    mine = next(n for n in notes if n.node == node)
-    done, at = _last_step(mine)
-    for other in (n for n in notes if n.node in others):
-        theirs, when = _last_step(other)
-        # The other's count when this node did its last step, at the other's own rate.
-        expected = theirs - (when - at) * others[other.node]
-        if expected - done <= max(BEHIND_STEPS, 0.05 * done):
-            return None  # not behind that one: the rates differ, the counts do not
+    attempt = max(n.attempt for n in notes)
+    samples = {n.node: _samples(n, [e for e in events if e.attempt == attempt]) for n in notes}
+    mine = samples[node]
+    for other, theirs in samples.items():
+        if other == node or other not in known:
+            continue
+        gaps = [
+            (count - done, done)
+            for when, done in mine
+            if (count := _count_at(theirs, when)) is not None
+        ]
+        behind = [gap > max(BEHIND_STEPS, 0.05 * done) for gap, done in gaps]
+        if len(gaps) < 2 or not all(behind) or gaps[-1][0] < gaps[0][0]:
+            return None  # not behind that one all along: the counts say nobody is slow
     return node, known[node], fastest
 
 
-def _last_step(note: NodeProgress) -> tuple[int, float]:
-    """The node's lowest step, and when it was done (wall clock)."""
-    return min(r.step for r in note.ranks), note.time - min(r.idle_s for r in note.ranks)
+def _samples(note: NodeProgress, events: Sequence[AttemptEvent]) -> list[tuple[float, int]]:
+    """(time, steps done) a node noted in an attempt: its events', then its note's."""
+    points = [
+        (e.step_time if e.event == END and e.step_time is not None else e.time, e.step)
+        for e in events
+        if e.node == note.node and e.event in (FIRST, STEP, END) and e.step is not None
+    ]
+    points.append((note.time - min(r.idle_s for r in note.ranks), min(r.step for r in note.ranks)))
+    return sorted(set(points))
+
+
+def _count_at(samples: Sequence[tuple[float, int]], when: float) -> float | None:
+    """A node's count at ``when``, between two of its samples; None outside them."""
+    for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+        if t0 <= when <= t1:
+            return c0 if t1 == t0 else c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+    return None
 
 
 def line(training: Training, now: float) -> str:

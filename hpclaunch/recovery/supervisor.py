@@ -315,12 +315,14 @@ class Supervisor:
             log.debug("supervisor: cannot tell the lost work: %s", exc)
             return
         last = runs[-1]
-        after = self.run.requeue_count if resumed and self.run is not None else None
+        after = [self.run.requeue_count] if resumed and self.run is not None else []
         attempts, saved = of_job(record), checkpoints.known(record)
         told = [(last.requeue_count, last.ended, after)]
         for loss in lost_work.of_runs(told, attempts, saved, False):
-            if resumed and not loss.final:
-                continue  # this run showed nothing more than the line at its start
+            if resumed and (not loss.final or loss.steps is None):
+                # This run showed nothing more than the line at its start said (and a run
+                # whose own count is unknown was said the same way then).
+                continue
             log.warning("supervisor: lost work: %s", loss.text)
         done = max((a.last_step or 0 for a in attempts.get(last.requeue_count, [])), default=0)
         warning = lost_work.never_saved(saved, attempts, done)

@@ -178,8 +178,23 @@ def test_an_in_place_restart_after_a_hang() -> None:
 def test_a_running_job_trains_until_now() -> None:
     runs = [RunTimes(0, 50, None)]
     found = {0: [attempt(0, 0, 52, 60)]}
-    split = goodput.timeline(runs, found, [], set(), submitted=40, now=200, final=False)
+    split = goodput.timeline(
+        runs, found, [], set(), submitted=40, now=200, final=False, running=True
+    )
     assert parts(split) == {"queue": 10, "startup": 10, "productive": 140}
+
+
+def test_a_run_that_recorded_no_end_ends_where_it_was_last_seen() -> None:
+    """Its batch host lost (no supervisor to record the end), SLURM requeued the job: not
+    running, so its training stopped at its last step, not now; ended, it still shows."""
+    runs = [RunTimes(0, 10, None)]
+    found = {0: [attempt(0, 0, 12, 20, None, 60, steps=(1, 41))]}
+    pending = goodput.timeline(runs, found, [], set(), submitted=0, now=500, final=False)
+    got = parts(pending)
+    assert got["productive"] == 40 and got["queue"] == 10 + 440
+    ended = goodput.timeline(runs, found, [], set(), submitted=0, now=500, final=True)
+    assert parts(ended) == {"queue": 10, "startup": 10, "productive": 40}
+    assert ended is not None and ended.split.wall_s == 60
 
 
 def test_a_requeued_job_waiting_for_its_next_run_has_unknown_training_without_checkpoints() -> None:
@@ -242,7 +257,14 @@ def test_the_parts_add_up_whatever_the_clocks_say(seed: int) -> None:
     )
     hung = {(0, 0)} if rng.random() < 0.5 else set()
     split = goodput.timeline(
-        runs, found, saved, hung, rng.choice([None, t()]), now=t(), final=rng.random() < 0.5
+        runs,
+        found,
+        saved,
+        hung,
+        rng.choice([None, t()]),
+        now=t(),
+        final=rng.random() < 0.5,
+        running=rng.random() < 0.5,
     )
     parts(split)
     assert split is not None and all(v >= 0 for v in split.split.parts().values())

@@ -11,6 +11,7 @@ import pytest
 
 from hpclaunch import progress
 from hpclaunch.jobdir import failures
+from hpclaunch.jobdir.attempts import STEP, AttemptEvent
 from hpclaunch.jobdir.layout import AttemptFolder
 from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
 from hpclaunch.ops.follow import PROGRESS_EVERY_S, changes, progress_due
@@ -37,7 +38,11 @@ def note(
 
 
 def view(
-    notes: list[NodeProgress], now: float, *, job_count: bool = True
+    notes: list[NodeProgress],
+    now: float,
+    *,
+    job_count: bool = True,
+    events: tuple[AttemptEvent, ...] = (),
 ) -> training.Training | None:
     """The progress line's numbers, as status works them out for run 0 (each attempt's
     first step noted as 1 step done)."""
@@ -45,7 +50,7 @@ def view(
         Attempt(0, a, 0.0, 1.0, 1, None, None, None, job_count=job_count)
         for a in sorted({n.attempt for n in notes})
     ]
-    return training.of_run(RunRecord(0, tuple(notes)), merged, now)
+    return training.of_run(RunRecord(0, tuple(notes), events), merged, now)
 
 
 def test_the_line_has_the_step_out_of_the_total_the_rate_the_eta_and_the_metrics() -> None:
@@ -74,19 +79,33 @@ def test_an_attempt_that_resumed_from_an_unseen_step_says_so_and_gives_no_eta() 
     )
 
 
+def samples(node: str, *points: tuple[float, int]) -> tuple[AttemptEvent, ...]:
+    """A node's progress samples in the attempts log: (time, steps done)."""
+    return tuple(AttemptEvent(node, 0, STEP, when, done) for when, done in points)
+
+
 def test_a_node_is_named_slow_only_when_its_count_falls_behind_not_for_its_rate_alone() -> None:
-    def line(notes: list[NodeProgress], now: float) -> str | None:
-        found = view(notes, now)
+    def line(notes: list[NodeProgress], now: float, *events: AttemptEvent) -> str | None:
+        found = view(notes, now, events=events)
         return training.line(found, now) if found else None
 
-    # Ranks that step together: one note written early in the attempt shows a lower rate,
-    # the counts are the same: nobody is slow.
-    assert line([note("n1", 40, 4.0), note("n2", 40, 2.0)], now=102.0) == (
-        "step 40, 2.00 steps/s (attempt 0, noted 2 s ago)"
+    # Ranks that step together: a note written early in the attempt shows a lower rate,
+    # yet at the same moments both nodes had done the same steps: nobody is slow.
+    together = (
+        *samples("n1", (60.0, 10), (80.0, 30), (99.9, 40)),
+        *samples("n2", (60.0, 10), (80.0, 30)),
     )
-    assert training.slowest([note("n1", 40, 4.0, at=100.0), note("n2", 36, 2.0, at=99.0)]) is None
-    # A node really behind: half the rate, and half the steps at the same time.
-    slow = line([note("n1", 40, 4.0), note("n2", 20, 2.0)], now=102.0)
+    notes = [note("n1", 40, 4.0), note("n2", 30, 2.0, at=80.1)]
+    assert training.slowest(notes, together) is None
+    assert "slowest" not in (line(notes, 102.0, *together) or "")
+    # Its rate alone, with no samples to compare counts at the same moment: nobody either.
+    assert training.slowest([note("n1", 40, 4.0), note("n2", 20, 2.0)]) is None
+    # A node really behind: half the steps at each moment, the gap growing.
+    apart = (
+        *samples("n1", (60.0, 10), (80.0, 30), (99.9, 40)),
+        *samples("n2", (60.0, 5), (80.0, 15), (99.9, 20)),
+    )
+    slow = line([note("n1", 40, 4.0), note("n2", 20, 2.0)], 102.0, *apart)
     assert slow is not None and slow.endswith("; slowest node n2 (0.500 s/step, the others 0.250)")
     assert line([], now=1.0) is None
     stuck = line([note("n1", 40, 4.0)], now=135.0)  # idle 0.1 s + noted 35 s ago
