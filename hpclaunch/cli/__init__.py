@@ -7,7 +7,7 @@ node must answer in a fraction of a second).
 
 from __future__ import annotations
 
-import logging
+import sys
 from collections.abc import Mapping
 
 import click
@@ -51,11 +51,36 @@ class _Commands(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
+def configure_logging() -> None:
+    """Library warnings on stderr, each line as ``hpclaunch: MESSAGE``."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="hpclaunch: %(message)s")
+
+
+def _print_version(ctx: click.Context, _: click.Parameter, asked: bool) -> None:
+    if asked and not ctx.resilient_parsing:
+        click.echo(f"hpclaunch, version {__version__}")
+        ctx.exit()
+
+
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="hpclaunch")
+# click.version_option's message is translated when the command is defined (gettext
+# searches for catalogues then, on every call): plain text costs nothing until asked.
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Launch distributed PyTorch jobs on SLURM: render, submit, supervise."""
-    logging.basicConfig(level=logging.WARNING, format="hpclaunch: %(message)s")
+    # `hpclaunch sbatch` logs nothing until it submits (which calls configure_logging):
+    # a dry run does not pay for importing logging, a tenth of its start-up.
+    if ctx.invoked_subcommand != "sbatch" or "logging" in sys.modules:
+        configure_logging()
     if ctx.obj is None:
         ctx.obj = CliContext()

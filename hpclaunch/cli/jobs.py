@@ -18,9 +18,9 @@ import click
 from hpclaunch.cli.context import CliContext, fail
 from hpclaunch.cli.format import jobs_table, render_status
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir.hangs import ANSWER_WAIT_S
 from hpclaunch.ops import cancel as cancelling
 from hpclaunch.ops import follow, listing, registry
-from hpclaunch.ops import stacks as live
 from hpclaunch.ops.logs import LogSelection, follow_logs, show
 from hpclaunch.ops.status import JobStatus, exit_status, find, gather
 from hpclaunch.slurm.hostlist import compress
@@ -143,7 +143,7 @@ def _write(parts: Iterable[str]) -> None:
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=0, min_open=True),
-    default=live.TIMEOUT_S,
+    default=ANSWER_WAIT_S,
     show_default=True,
     metavar="SECONDS",
     help="How long to wait for every node's agent to answer.",
@@ -163,6 +163,8 @@ def stacks(obj: CliContext, job_id: str, job_dir: Path | None, timeout_s: float,
     job folder; exits 1 when no node answers within --timeout."""
     number = _job_id(job_id)
     try:
+        from hpclaunch.ops import stacks as live  # its stack readers load for this command only
+
         found = live.ask(number, obj.slurm, obj.env, job_dir, timeout_s)
     except HpclaunchError as exc:
         fail(exc)

@@ -357,9 +357,11 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
     if dry_run:
         return text, None
     # Only a submission needs these: --dry-run stays fast on a login node.
+    from hpclaunch.cli import configure_logging
     from hpclaunch.ops import registry
     from hpclaunch.slurm.submit import submit
 
+    configure_logging()  # a submission may warn (the job list, the checkpoint folder)
     if spec.checkpoint_dir is not None:
         from hpclaunch.checkpoint.claim import check_submit
         from hpclaunch.checkpoint.sharing import CLI, dependency_of

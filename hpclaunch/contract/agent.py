@@ -57,13 +57,6 @@ class RankOrder(enum.Enum):
     TOPOLOGY = "topology"  # nodes under the same leaf switch get consecutive ranks
 
 
-def agent_grace_for(signal_lead_s: float) -> int:
-    """How long each agent gives its workers after passing a signal on: three quarters
-    of the signal lead, so that a checkpoint written after the time-limit warning is
-    done before SLURM's limit."""
-    return max(1, int(signal_lead_s) * 3 // 4)
-
-
 _ETCD_USER_HELP = (
     "etcd user; the password comes from --etcd-password-file or $HPCLAUNCH_ETCD_PASSWORD."
 )

@@ -104,3 +104,10 @@ def parse_endpoints(text: str) -> tuple[str, ...]:
             "etcd_endpoint", f"{text!r} names no endpoint; write host:port[,host:port...]"
         )
     return endpoints
+
+
+def agent_grace_for(signal_lead_s: float) -> int:
+    """How long each agent gives its workers after passing a signal on: three quarters
+    of the signal lead, so that a checkpoint written after the time-limit warning is
+    done before SLURM's limit."""
+    return max(1, int(signal_lead_s) * 3 // 4)

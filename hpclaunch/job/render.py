@@ -15,7 +15,6 @@ import contextlib
 import enum
 import re
 import shlex
-import traceback
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePath
 from typing import Any
@@ -367,5 +366,7 @@ def render(spec: JobSpec, *, compiled: Path | None = None) -> str:
 
 def _where(exc: BaseException) -> str:
     """`` at FILE:LINE`` of the template line that raised, if Jinja recorded one."""
+    import traceback  # only for an error: a render that works does not load it
+
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith(".py")]
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

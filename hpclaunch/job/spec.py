@@ -17,11 +17,7 @@ from pathlib import PurePath
 from typing import Any
 
 from hpclaunch.contract import values
-from hpclaunch.contract.agent import (
-    DEFAULT_MAX_RESTARTS,
-    EntryKind,
-    agent_grace_for,
-)
+from hpclaunch.contract.agent import DEFAULT_MAX_RESTARTS, EntryKind
 from hpclaunch.contract.rendezvous import C10dRdzv, EtcdRdzv, Rendezvous, choices, elastic_names
 from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
@@ -157,7 +153,7 @@ class JobSpec:
     @property
     def agent_grace_s(self) -> int:
         """How long each agent gives its workers after passing a signal on."""
-        return agent_grace_for(self.signal_lead_s)
+        return values.agent_grace_for(self.signal_lead_s)
 
     def __post_init__(self) -> None:
         for name in ("args", "setup", "launcher", "env", "checkpoint_patterns"):

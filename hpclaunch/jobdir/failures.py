@@ -138,6 +138,23 @@ def record_of(
     return NodeRecord(node, node_rank, requeue_count, attempt, time.time(), workers)
 
 
+RECORD_PREFIX, RECORD_SUFFIX = "node-", ".json"  # failures/requeue-Q/attempt-A/node-HOST.json
+BLOCK_PREFIX, BLOCK_SUFFIX = "root-cause-", ".txt"  # failures/requeue-Q/root-cause-HOST.txt
+
+
+def is_record(name: str) -> bool:
+    """Whether ``name`` (in ``failures/requeue-Q/attempt-A/``) is a node's record."""
+    return name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)
+
+
+def block_node(name: str) -> str | None:
+    """The node whose root-cause block ``name`` (in ``failures/requeue-Q/``) is; None
+    for another file."""
+    if name.startswith(BLOCK_PREFIX) and name.endswith(BLOCK_SUFFIX):
+        return name[len(BLOCK_PREFIX) : -len(BLOCK_SUFFIX)]
+    return None
+
+
 def parse(text: str) -> NodeRecord:
     """A record from its file's text. Raises ValueError (a torn or foreign file)."""
     return typed.load(NodeRecord, json.loads(text))

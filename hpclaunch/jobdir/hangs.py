@@ -212,6 +212,11 @@ def hang_block(report: HangReport) -> str:
     return "\n".join(lines)
 
 
+# How long `hpclaunch stacks` waits for the agents' answers by default: an agent answers
+# within about 2 s (it looks for requests every few seconds), plus py-spy's read.
+ANSWER_WAIT_S = 30.0
+
+
 def request_stacks(job: JobFolder) -> str:
     """Ask the agents of a running job for their ranks' stacks; the request's id."""
     folder = job.stacks

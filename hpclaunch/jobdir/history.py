@@ -11,11 +11,12 @@ import signal
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir import typed
 from hpclaunch.jobdir.atomic import write_bytes_atomic
 from hpclaunch.jobdir.layout import JobFolder
 
@@ -88,15 +89,6 @@ class Run:
     token: str | None = None  # this run's own mark, so its supervisor writes only its entry
 
 
-_RUN_FIELDS = frozenset(f.name for f in fields(Run))
-
-
-def _known(run: Mapping[str, Any]) -> dict[str, Any]:
-    """``run``'s fields that this hpclaunch knows: a history written by an older or a
-    newer one (a field added or dropped since) still loads."""
-    return {key: value for key, value in run.items() if key in _RUN_FIELDS}
-
-
 @dataclass
 class History:
     """``history.json``: every run of the job, newest last."""
@@ -152,7 +144,7 @@ class History:
     ) -> History:
         """The history ``data`` (what to_json wrote) holds. Raises ValueError."""
         try:
-            runs = [Run(**_known(run)) for run in data["runs"]]
+            runs = [typed.load(Run, run) for run in data["runs"]]
             checkpoint_dir = data.get("checkpoint_dir")
             lead = data.get("signal_lead_s")
             signal_lead_s = None if lead is None else float(lead)

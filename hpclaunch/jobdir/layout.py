@@ -185,21 +185,8 @@ class JobFolder:
         """One run's failure records and root-cause blocks."""
         return self.root / FAILURES / f"requeue-{requeue}"
 
-    def failure_runs(self) -> list[tuple[int, Path]]:
-        """(requeue count, folder) of every run with failure records, oldest first."""
-        found = []
-        for path in (self.root / FAILURES).glob("requeue-*"):
-            number = number_of(path.name)
-            if number is not None:
-                found.append((number, path))
-        return sorted(found)
-
     def failure_record(self, requeue: int, attempt: int, node: str) -> Path:
         return self.failures(requeue) / f"attempt-{attempt}" / f"node-{node}.json"
-
-    def failure_records(self, requeue: int) -> list[Path]:
-        """One run's failure records, in name order."""
-        return sorted(self.failures(requeue).glob("attempt-*/node-*.json"))
 
     def agents(self, requeue: int) -> Path:
         """One run's notes of its agents' ends, and of its deputy (hpclaunch.recovery.deputy)."""
@@ -227,10 +214,6 @@ class JobFolder:
     def stacks(self) -> Path:
         """``hpclaunch stacks``' requests, and the agents' answers to them."""
         return self.root / STACKS
-
-    def root_causes(self, requeue: int) -> list[Path]:
-        """One run's root-cause blocks, in name order."""
-        return sorted(self.failures(requeue).glob("root-cause-*.txt"))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch import procs
-from hpclaunch.progress import stack_signal
 
 # How long one stack read may take (py-spy, or the signal handler's file to settle).
 READ_TIMEOUT_S = 5.0
@@ -67,6 +66,10 @@ def read(
     ``signal_files`` (rank -> the file its handler writes to) is sent ``stack_signal()``,
     and a rank in ``stopped`` gets a note instead. A rank whose stack cannot be read gets
     a line that says why."""
+    # The worker API's signal: imported here, so that the login node's `hpclaunch status`
+    # (which shares this module's parsers) does not load the worker's progress code.
+    from hpclaunch.progress import stack_signal
+
     spy = py_spy() if spy == "" else spy
     out = _by_py_spy(spy, pids, timeout_s) if spy is not None else {}
     # Where py-spy could not read a rank (no permission, a torn read): its own handler.

@@ -26,7 +26,7 @@ from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.hostlist import compress
 from hpclaunch.slurm.states import JobState
 
-TIMEOUT_S = 30.0  # --timeout's default: an agent answers within ~2 s plus py-spy's read
+TIMEOUT_S = protocol.ANSWER_WAIT_S
 POLL_S = 0.2  # between two looks for answers
 
 

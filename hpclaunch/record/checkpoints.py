@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpclaunch.contract.agent import agent_grace_for
+from hpclaunch.contract.values import agent_grace_for
 from hpclaunch.jobdir.checkpoint_folder import LIGHTNING_FOLDER
 from hpclaunch.jobdir.saves import SaveRecord
 from hpclaunch.record.job_record import JobRecord
@@ -100,7 +100,7 @@ def last_by_pattern(record: JobRecord) -> Saved | None:
 def lead_warning(record: SaveRecord, signal_lead_s: float) -> str | None:
     """A warning when a save like ``record`` cannot finish between the time-limit
     warning and the workers' end: the agents give them three quarters of the signal
-    lead (``hpclaunch.job.spec.agent_grace_for``)."""
+    lead (``hpclaunch.contract.values.agent_grace_for``)."""
     budget = agent_grace_for(signal_lead_s)
     if record.total_s < budget:
         return None

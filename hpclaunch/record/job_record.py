@@ -48,7 +48,6 @@ from hpclaunch.jobdir.progress_notes import NodeProgress
 from hpclaunch.jobdir.saves import SaveRecord
 
 T = TypeVar("T")
-ROOT_CAUSE_PREFIX, ROOT_CAUSE_SUFFIX = "root-cause-", ".txt"
 
 
 @dataclass(frozen=True)
@@ -154,10 +153,11 @@ def read_run(root: Path, requeue: int) -> RunRecord:
     records: list[NodeRecord] = []
     for entry in listed:
         if entry.name.startswith("attempt-") and entry.is_dir():
-            records += _each(_entries(Path(entry.path)), _is_failure_record, failures.parse)
+            records += _each(_entries(Path(entry.path)), failures.is_record, failures.parse)
     blocks = [
-        (name[len(ROOT_CAUSE_PREFIX) : -len(ROOT_CAUSE_SUFFIX)], text)
-        for name, text in _texts(listed, _is_root_cause)
+        (node, text)
+        for name, text in _texts(listed, lambda name: failures.block_node(name) is not None)
+        if (node := failures.block_node(name)) is not None
     ]
     return RunRecord(
         requeue,
@@ -227,11 +227,3 @@ def _each(
         except ValueError:  # torn (a writer died mid-write) or not ours
             continue
     return out
-
-
-def _is_failure_record(name: str) -> bool:
-    return name.startswith("node-") and name.endswith(".json")
-
-
-def _is_root_cause(name: str) -> bool:
-    return name.startswith(ROOT_CAUSE_PREFIX) and name.endswith(ROOT_CAUSE_SUFFIX)

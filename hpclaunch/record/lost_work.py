@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from hpclaunch.record.attempts import Attempt
 from hpclaunch.record.checkpoints import Kind, Saved, newest_before
+from hpclaunch.record.goodput import duration
 
 RESUMED_HOW = {
     "checkpoint": "its hpclaunch checkpoint",
@@ -108,17 +109,28 @@ def run_loss(
         final = resumed is not None or job_over
         return RunLoss(run, None, counted, None, None, None, Basis.UNKNOWN, final, text)
     if resumed is not None:
-        return _after_resume(run, done, counted, resumed)
+        own = newest_before([s for s in saved if s.kind is Kind.PATTERN], ended)
+        return _after_resume(run, done, counted, resumed, own, last.last)
     return _before_resume(run, done, counted, saved, ended, job_over)
 
 
-def _after_resume(run: int, done: int, counted: int, nxt: Attempt) -> RunLoss:
-    """The next run has stepped: what it showed of its resume point is what is said."""
+def _after_resume(
+    run: int, done: int, counted: int, nxt: Attempt, own: Saved | None, last: float | None
+) -> RunLoss:
+    """The next run has stepped: what it showed of its resume point is what is said;
+    ``own``: the run's last file matching --checkpoint-pattern, ``last``: when the run
+    did its last step."""
     if nxt.resumed is None:
         text = (
             f"run {run} did {_steps(done)}; run {nxt.requeue} did not show which step it "
             f"resumed from ({HOW_SEEN}): the steps it repeated are unknown"
         )
+        if own is not None and last is not None and own.time <= last:
+            # What goodput counts as lost, said as what it is: a time, on a condition.
+            text += (
+                f"; if it resumed from the last checkpoint of its own ({own.label}), they are "
+                f"the steps of run {run}'s last {duration(last - own.time)}"
+            )
         return RunLoss(run, done, counted, None, None, None, Basis.UNKNOWN, True, text)
     repeats = max(done - nxt.resumed, 0)
     seen = resumed_from(nxt.resumed, nxt.resumed_by)

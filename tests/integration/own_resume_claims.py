@@ -143,7 +143,7 @@ DURATION = r"((?:\d+ d )?(?:\d+ h )?(?:\d+ min )?\d+ s)"
 
 
 def seconds(text: str) -> float:
-    """``4 min 18 s`` (hpclaunch.jobdir.goodput.duration's form) in seconds."""
+    """``4 min 18 s`` (hpclaunch.record.goodput.duration's form) in seconds."""
     units = {"d": 86400, "h": 3600, "min": 60, "s": 1}
     return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+) (d|h|min|s)\b", text)))
 

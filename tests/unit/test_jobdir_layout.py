@@ -10,6 +10,7 @@ import pytest
 
 from hpclaunch.jobdir import atomic, layout
 from hpclaunch.jobdir.layout import AttemptFolder, ExecutorFolder, JobFolder, RankFile
+from hpclaunch.record.job_record import JobRecord
 
 ROOT = Path("/s/logs/12")
 
@@ -83,7 +84,10 @@ def old_folder(root: Path) -> Path:
     (ranks / "node-n2.ranks").write_text("not json")
     for requeue in ("requeue-2", "requeue-0", "requeue-y"):
         (root / "failures" / requeue / "attempt-0").mkdir(parents=True)
-    (root / "failures" / "requeue-2" / "attempt-0" / "node-n2.json").write_text("{}")
+    (root / "failures" / "requeue-2" / "attempt-0" / "node-n2.json").write_text(
+        '{"node": "n2", "node_rank": 1, "requeue_count": 2, "attempt": 0, "time": 5.0, '
+        '"workers": [{"rank": 3, "exitcode": 1, "message": "ValueError: bad"}]}'
+    )
     (root / "failures" / "requeue-2" / "root-cause-n2.txt").write_text("block\n")
     return root
 
@@ -97,11 +101,13 @@ def test_attempts_of_an_old_folder_are_listed_in_run_order(tmp_path: Path) -> No
 
 
 def test_failure_files_of_an_old_folder_are_found(tmp_path: Path) -> None:
-    job = JobFolder(old_folder(tmp_path))
-    assert [n for n, _ in job.failure_runs()] == [0, 2]
-    assert job.failure_records(2) == [job.failure_record(2, 0, "n2")]
-    assert job.root_causes(2) == [job.root_cause(2, "n2")]
-    assert job.root_causes(0) == [] and job.failure_records(5) == []
+    record = JobRecord.read(old_folder(tmp_path), 7)
+    assert [q for q, run in record.runs.items() if run.failures or run.root_causes] == [2]
+    assert [(r.node, r.workers[0].message) for r in record.run(2).failures] == [
+        ("n2", "ValueError: bad")
+    ]
+    assert [node for node, _ in record.run(2).root_causes] == ["n2"]
+    assert record.run(0).root_causes == () and record.run(5).failures == ()
 
 
 def test_node_ranks_round_trip(tmp_path: Path) -> None:

@@ -300,6 +300,18 @@ def test_lost_work_says_only_what_is_known(
     assert "from step 0" not in loss.text or "found no checkpoint" in loss.text
 
 
+def test_a_file_of_its_own_tells_the_time_not_the_steps_when_the_next_run_showed_nothing() -> None:
+    own = Saved(Kind.PATTERN, "/w/snapshot.pt", 40.0, None, 40.0)
+    loss = lost_work.run_loss(
+        0, [attempt(0, 45)], [attempt(1, 36, job_count=False)], [own], 60.0, False
+    )
+    assert loss is not None and loss.repeats is None and loss.final
+    assert loss.text.endswith(
+        "the steps it repeated are unknown; if it resumed from the last checkpoint of its own "
+        "(/w/snapshot.pt), they are the steps of run 0's last 10 s"
+    )
+
+
 def test_a_run_whose_own_count_is_unknown_repeats_an_unknown_number() -> None:
     loss = lost_work.run_loss(
         1,
