@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -278,7 +279,11 @@ def compiled_cache(env: Mapping[str, str]) -> Path:
 
 def _bytecode_cache(folder: Path) -> Any:
     """Jinja's bytecode cache in ``folder`` (made private to this user), which never
-    fails a render: a folder that cannot be made or written only costs a compile."""
+    fails a render: a folder that cannot be made or written only costs a compile. The
+    cache holds code this process runs: a folder that another user owns or may write to
+    is not used (None)."""
+    import stat
+
     import jinja2
 
     class Quiet(jinja2.FileSystemBytecodeCache):
@@ -294,7 +299,10 @@ def _bytecode_cache(folder: Path) -> Any:
 
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = folder.stat()
     except OSError:
+        return None
+    if mode.st_uid != os.getuid() or mode.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return None
     return Quiet(str(folder))
 

@@ -54,6 +54,13 @@ def test_dry_run_prints_script_and_submits_nothing(project: Path) -> None:
     assert cached.stat().st_mode & 0o777 == 0o700
     again = run(project, ["--dry-run", "--nodes", "2", "train.py", "--lr", "3e-4"], fake)
     assert again.stdout == result.stdout
+    # A cache folder others may write to holds code this process would run: not used.
+    cached.chmod(0o777)
+    for old in cached.iterdir():
+        old.write_bytes(b"not a compiled template")
+    third = run(project, ["--dry-run", "--nodes", "2", "train.py", "--lr", "3e-4"], fake)
+    assert third.stdout == result.stdout
+    assert [p.read_bytes() for p in cached.iterdir()] == [b"not a compiled template"]
 
 
 def test_submit_prints_job_id_alone_and_keeps_the_script(project: Path) -> None:
