@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.integration.helpers import VENV_BIN
-from tests.integration.sandbox_fixture import sandbox
+from tests.integration.sandbox_fixture import Running, sandbox
+from tests.integration.training_jobs import uninterrupted_digest
 
-__all__ = ["hpclaunch_bin", "sandbox"]
+__all__ = ["hpclaunch_bin", "reference_digest", "sandbox"]
+
+
+@pytest.fixture(scope="session")
+def reference_digest(
+    sandbox: Running, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., str]:
+    """The digest of a run that nothing interrupts, of ``script`` with ``args``: one job
+    per script and arguments for the whole session (the run is deterministic, so every
+    module that compares against the same run shares it)."""
+    found: dict[tuple[str, ...], str] = {}
+
+    def digest(script: Path, *args: str) -> str:
+        key = (str(script), *args)
+        if key not in found:
+            folder = tmp_path_factory.mktemp("uninterrupted")
+            found[key] = uninterrupted_digest(sandbox, folder, script, *args)
+        return found[key]
+
+    return digest
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from hpclaunch import procs
 from hpclaunch.slurm.hostlist import expand
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import EXAMPLES, Job, digest_of, uninterrupted_digest
+from tests.integration.training_jobs import EXAMPLES, Job, digest_of
 from tests.integration.training_jobs import submit as submit_script
 
 pytestmark = pytest.mark.integration
@@ -25,8 +26,8 @@ STEPS = ("--steps", "30", "--checkpoint-every", "5", "--step-time", "0.15")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
+def uninterrupted(reference_digest: Callable[..., str]) -> str:
+    return reference_digest(TRAIN, *STEPS)
 
 
 def _job_processes(job: Job, *entries: bytes) -> list[int]:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from hpclaunch.procs import Tracked
 from hpclaunch.sandbox import state
 from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import EXAMPLES, Job, digest_of, submit, uninterrupted_digest
+from tests.integration.training_jobs import EXAMPLES, Job, digest_of, submit
 
 pytestmark = pytest.mark.integration
 
@@ -109,8 +110,8 @@ def test_restart_node_keeps_the_node_running_its_job(sandbox: Running, tmp_path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
+def uninterrupted(reference_digest: Callable[..., str]) -> str:
+    return reference_digest(TRAIN, *STEPS)
 
 
 def supervisor_of(job: Job) -> Tracked:

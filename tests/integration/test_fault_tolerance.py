@@ -5,6 +5,7 @@ requeues, and leaves no process of the job behind."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,6 @@ from tests.integration.training_jobs import (
     check_restarted_in_place,
     digest_of,
     end_with_a_lost_node,
-    uninterrupted_digest,
 )
 from tests.integration.training_jobs import submit as submit_script
 
@@ -52,9 +52,9 @@ def submit(
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
+def uninterrupted(reference_digest: Callable[..., str]) -> str:
     """The digest of a run that nothing interrupts."""
-    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
+    return reference_digest(TRAIN, *STEPS)
 
 
 def test_a_worker_crash_is_restarted_in_place(

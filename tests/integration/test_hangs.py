@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,6 @@ from tests.integration.training_jobs import (
     Job,
     check_restarted_in_place,
     digest_of,
-    uninterrupted_digest,
 )
 from tests.integration.training_jobs import submit as submit_script
 
@@ -42,8 +42,8 @@ def submit(sandbox: Running, folder: Path, *args: str, options: tuple[str, ...] 
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
+def uninterrupted(reference_digest: Callable[..., str]) -> str:
+    return reference_digest(TRAIN, *STEPS)
 
 
 def hang_line(job: Job) -> dict[str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,6 @@ from tests.integration.training_jobs import (
     Job,
     check_restarted_in_place,
     digest_of,
-    uninterrupted_digest,
 )
 from tests.integration.training_jobs import submit as submit_script
 
@@ -44,9 +44,9 @@ def submit(
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
+def uninterrupted(reference_digest: Callable[..., str]) -> str:
     """The digest of a run that nothing interrupts."""
-    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
+    return reference_digest(TRAIN, *STEPS)
 
 
 def saves(job: Job) -> list[dict[str, object]]:

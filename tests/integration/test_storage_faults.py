@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from hpclaunch.jobdir.failures import Verdict
 from hpclaunch.recovery import verdicts
 from tests.integration.helpers import VENV_BIN, wait_for
 from tests.integration.sandbox_fixture import Running
-from tests.integration.training_jobs import EXAMPLES, Job, digest_of, submit, uninterrupted_digest
+from tests.integration.training_jobs import EXAMPLES, Job, digest_of, submit
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,8 @@ STORAGE_REASON = "shared folder not writable"
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_digest(sandbox, tmp_path_factory.mktemp("uninterrupted"), TRAIN, *STEPS)
+def uninterrupted(reference_digest: Callable[..., str]) -> str:
+    return reference_digest(TRAIN, *STEPS)
 
 
 def mount_namespaces(sandbox: Running) -> list[list[str]]:
