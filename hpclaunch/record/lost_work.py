@@ -53,7 +53,7 @@ class RunLoss:
 
     requeue: int
     steps: int | None  # the steps done when it ended, in the job's count; None: unknown
-    counted: int  # the steps it did itself
+    counted: int  # the steps it did itself (at least: see ``at_least``)
     resumed: int | None  # the step the next run resumed from; None: not (yet) seen
     resumed_by: str | None  # how that was seen (progress_notes.RESUMED_BY)
     repeats: int | None  # the steps the next run does again; None: unknown
@@ -61,11 +61,15 @@ class RunLoss:
     final: bool  # nothing later can change what is said (the next run resumed, or never will)
     text: str
     saved: str | None = None  # the last checkpoint the prediction is from, as named
+    # No node noted the run's end (its agents were killed first): its last note, older than
+    # its end, gives only a floor of the steps it did, in the job's count where known.
+    at_least: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "requeue": self.requeue,
             "steps": self.steps,
+            "at_least": self.at_least,
             "counted": self.counted,
             "resumed": self.resumed,
             "resumed_by": self.resumed_by,
@@ -79,6 +83,25 @@ class RunLoss:
 
 def _steps(count: int) -> str:
     return f"{count} step" + ("" if count == 1 else "s")
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What a run did, as its last attempt noted it."""
+
+    run: int
+    steps: int | None  # in the job's count; None: the count is not the job's
+    counted: int  # the steps it did itself
+    exact: bool  # a node noted the attempt's end: the count is its last step's
+    last: float | None  # when its last noted step was
+
+    def said(self) -> str:
+        """``run 0 did 45 steps``, or ``run 0 did at least 45 steps (its nodes noted no
+        end)`` when its last note may be older than its end."""
+        count = self.steps if self.steps is not None else self.counted
+        floor = "" if self.exact else "at least "
+        why = "" if self.exact else " (no node noted its end: its last note may be older)"
+        return f"run {self.run} did {floor}{_steps(count)}{why}"
 
 
 def run_loss(
@@ -97,98 +120,121 @@ def run_loss(
     if not stepped:
         return None
     last = stepped[-1]
-    counted = last.steps or 0
-    done = last.last_step if last.job_count else None
+    done = _Done(
+        run,
+        last.last_step if last.job_count else None,
+        last.steps or 0,
+        last.ended is not None,
+        last.last,
+    )
     later = [a for a in following if a.stepped]
     resumed = later[0] if later else None
-    if done is None:
+    if done.steps is None:
         text = (
-            f"run {run} did {_steps(counted)} after resuming from a step hpclaunch did not "
-            f"see ({HOW_SEEN}): the steps the next run repeats are unknown"
+            f"{done.said()} after resuming from a step hpclaunch did not see ({HOW_SEEN}): "
+            "the steps the next run repeats are unknown"
         )
         final = resumed is not None or job_over
-        return RunLoss(run, None, counted, None, None, None, Basis.UNKNOWN, final, text)
+        return _loss(done, None, None, None, Basis.UNKNOWN, final, text)
     if resumed is not None:
         own = newest_before([s for s in saved if s.kind is Kind.PATTERN], ended)
-        return _after_resume(run, done, counted, resumed, own, last.last)
-    return _before_resume(run, done, counted, saved, ended, job_over)
+        return _after_resume(done, resumed, own)
+    return _before_resume(done, saved, ended, job_over)
 
 
-def _after_resume(
-    run: int, done: int, counted: int, nxt: Attempt, own: Saved | None, last: float | None
+def _loss(
+    done: _Done,
+    resumed: int | None,
+    resumed_by: str | None,
+    repeats: int | None,
+    basis: Basis,
+    final: bool,
+    text: str,
+    saved: str | None = None,
 ) -> RunLoss:
-    """The next run has stepped: what it showed of its resume point is what is said;
-    ``own``: the run's last file matching --checkpoint-pattern, ``last``: when the run
-    did its last step."""
-    if nxt.resumed is None:
-        text = (
-            f"run {run} did {_steps(done)}; run {nxt.requeue} did not show which step it "
-            f"resumed from ({HOW_SEEN}): the steps it repeated are unknown"
-        )
-        if own is not None and last is not None and own.time <= last:
-            # What goodput counts as lost, said as what it is: a time, on a condition.
-            text += (
-                f"; if it resumed from the last checkpoint of its own ({own.label}), they are "
-                f"the steps of run {run}'s last {duration(last - own.time)}"
-            )
-        return RunLoss(run, done, counted, None, None, None, Basis.UNKNOWN, True, text)
-    repeats = max(done - nxt.resumed, 0)
-    seen = resumed_from(nxt.resumed, nxt.resumed_by)
-    head = f"run {run} did {_steps(done)}; run {nxt.requeue} {seen}"
-    if nxt.resumed > done:
-        text = f"{head}, after the last step noted: nothing was repeated"
-    elif repeats == 0:
-        text = f"{head}: nothing was repeated"
-    else:
-        text = f"{head}: it repeated {_steps(repeats)}"
+    exact = done.steps if done.exact else None
+    floor = None if done.exact else done.steps
     return RunLoss(
-        run, done, counted, nxt.resumed, nxt.resumed_by, repeats, Basis.RESUMED, True, text
+        done.run,
+        exact,
+        done.counted,
+        resumed,
+        resumed_by,
+        repeats,
+        basis,
+        final,
+        text,
+        saved,
+        floor,
     )
 
 
-def _before_resume(
-    run: int,
-    done: int,
-    counted: int,
-    saved: Sequence[Saved],
-    ended: float | None,
-    over: bool,
-) -> RunLoss:
+def _after_resume(done: _Done, nxt: Attempt, own: Saved | None) -> RunLoss:
+    """The next run has stepped: what it showed of its resume point is what is said;
+    ``own``: the run's last file matching --checkpoint-pattern."""
+    assert done.steps is not None
+    if nxt.resumed is None:
+        text = (
+            f"{done.said()}; run {nxt.requeue} did not show which step it resumed from "
+            f"({HOW_SEEN}): the steps it repeated are unknown"
+        )
+        if own is not None and done.last is not None and own.time <= done.last:
+            # What goodput counts as lost, said as what it is: a time, on a condition.
+            text += (
+                f"; if it resumed from the last checkpoint of its own ({own.label}), they are "
+                f"the steps of run {done.run}'s last {duration(done.last - own.time)}"
+            )
+        return _loss(done, None, None, None, Basis.UNKNOWN, True, text)
+    seen = resumed_from(nxt.resumed, nxt.resumed_by)
+    head = f"{done.said()}; run {nxt.requeue} {seen}"
+    repeats: int | None = max(done.steps - nxt.resumed, 0)
+    if nxt.resumed > done.steps:
+        # It resumed past the last step noted: the note is older than the run's end.
+        text = f"{head}, after the last step noted: the steps it repeated are unknown"
+        repeats = None
+    elif not done.exact:
+        text = f"{head}: it repeated at least {_steps(repeats or 0)}"
+        repeats = None
+    elif repeats == 0:
+        text = f"{head}: nothing was repeated"
+    else:
+        text = f"{head}: it repeated {_steps(repeats or 0)}"
+    return _loss(done, nxt.resumed, nxt.resumed_by, repeats, Basis.RESUMED, True, text)
+
+
+def _before_resume(done: _Done, saved: Sequence[Saved], ended: float | None, over: bool) -> RunLoss:
     """No later run has stepped yet: what the last checkpoint that says what it holds
     tells, else unknown."""
+    assert done.steps is not None
     counts = [s for s in saved if s.kind is not Kind.PATTERN and s.steps is not None]
     last = newest_before(counts, ended)
     if last is None or last.steps is None:
         own = newest_before([s for s in saved if s.kind is Kind.PATTERN], ended)
         mine = f"; its last checkpoint of its own is {own.label}" if own else ""
         text = (
-            f"run {run} did {_steps(done)}{mine}: the step the next run resumes from is "
-            f"unknown until it resumes ({HOW_SEEN})"
+            f"{done.said()}{mine}: the step the next run resumes from is unknown until it "
+            f"resumes ({HOW_SEEN})"
         )
         if over:
-            text = f"run {run} did {_steps(done)}{mine}; no run resumed from it"
-        return RunLoss(run, done, counted, None, None, None, Basis.UNKNOWN, over, text)
-    if last.steps > done:
+            text = f"{done.said()}{mine}; no run resumed from it"
+        return _loss(done, None, None, None, Basis.UNKNOWN, over, text)
+    if last.steps > done.steps:
         text = (
-            f"run {run}'s progress was last noted at step {done}, before its last checkpoint "
-            f"({last.label}), which holds {last.steps}: a run that resumes from it repeats "
-            "the steps it did after that checkpoint, which no note counted"
+            f"run {done.run}'s progress was last noted at step {done.steps}, before its last "
+            f"checkpoint ({last.label}), which holds {last.steps}: a run that resumes from it "
+            "repeats the steps it did after that checkpoint, which no note counted"
         )
-        return RunLoss(
-            run, done, counted, None, None, None, Basis.CHECKPOINT, over, text, last.label
-        )
-    repeats = done - last.steps
-    if repeats == 0:
+        return _loss(done, None, None, None, Basis.CHECKPOINT, over, text, last.label)
+    repeats: int | None = done.steps - last.steps
+    at_least = "" if done.exact else "at least "
+    if repeats == 0 and done.exact:
         tail = "nothing is repeated"
     else:
-        tail = f"a run that resumes from it repeats {_steps(repeats)}"
-    text = (
-        f"run {run} did {_steps(done)}; its last checkpoint ({last.label}) holds "
-        f"{last.steps}: {tail}"
-    )
-    return RunLoss(
-        run, done, counted, None, None, repeats, Basis.CHECKPOINT, over, text, last.label
-    )
+        tail = f"a run that resumes from it repeats {at_least}{_steps(repeats or 0)}"
+    if not done.exact:
+        repeats = None
+    text = f"{done.said()}; its last checkpoint ({last.label}) holds {last.steps}: {tail}"
+    return _loss(done, None, None, repeats, Basis.CHECKPOINT, over, text, last.label)
 
 
 def of_runs(

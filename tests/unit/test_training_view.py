@@ -5,6 +5,7 @@ from records built in memory; and the progress board's total and metrics."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -273,14 +274,14 @@ def hpclaunch_save(step: int, holds: int | None, time: float) -> Saved:
             "repeated 45 steps",
         ),
         (
-            "the next run resumed past the last note",
+            "the next run resumed past the last note: the note is older than the end",
             [attempt(1, 80, first_step=51, resumed=50, by="checkpoint")],
             [],
             False,
-            0,
+            None,
             True,
             "run 0 did 45 steps; run 1 resumed from step 50 (its hpclaunch checkpoint), after "
-            "the last step noted: nothing was repeated",
+            "the last step noted: the steps it repeated are unknown",
         ),
     ],
 )
@@ -310,6 +311,25 @@ def test_a_file_of_its_own_tells_the_time_not_the_steps_when_the_next_run_showed
         "the steps it repeated are unknown; if it resumed from the last checkpoint of its own "
         "(/w/snapshot.pt), they are the steps of run 0's last 10 s"
     )
+
+
+def test_a_run_whose_nodes_noted_no_end_did_at_least_its_last_note() -> None:
+    """Its agents killed before they noted the end (a lost node's step killed by SLURM):
+    its last note may be older than its end, so its count is a floor, and so is what the
+    next run repeated."""
+    unended = replace(attempt(0, 45), ended=None)
+    loss = lost_work.run_loss(
+        0, [unended], [attempt(1, 60, first_step=41, resumed=40, by="optimizer")], [], 60.0, False
+    )
+    assert loss is not None and (loss.steps, loss.at_least, loss.repeats) == (None, 45, None)
+    assert loss.text == (
+        "run 0 did at least 45 steps (no node noted its end: its last note may be older); "
+        "run 1 resumed from step 40 (the optimizer's restored step count): it repeated at "
+        "least 5 steps"
+    )
+    forecast = lost_work.run_loss(0, [unended], [], [hpclaunch_save(39, 40, 20.0)], 60.0, False)
+    assert forecast is not None and forecast.repeats is None
+    assert forecast.text.endswith("holds 40: a run that resumes from it repeats at least 5 steps")
 
 
 def test_a_run_whose_own_count_is_unknown_repeats_an_unknown_number() -> None:
