@@ -115,9 +115,12 @@ def _merge(
     last_step = min((e.step for e in lasts if e.step is not None), default=None)
     steps = [(e.time, e.step) for e in events if e.event == STEP and e.step is not None]
     if last is None and notes:
-        # No end noted (a lost node writes none): its notes are at most a few s old.
-        last = max(n.time - min(r.idle_s for r in n.ranks) for n in notes)
-        last_step = min(r.step for n in notes for r in n.ranks)
+        # No end noted (a lost node writes none, and a survivor killed first neither): the
+        # newest note says the most. An older note of a lost node is a count from before:
+        # ranks that step together had all done about as many as the newest one says.
+        newest = max(notes, key=lambda n: n.time - min(r.idle_s for r in n.ranks))
+        last = newest.time - min(r.idle_s for r in newest.ranks)
+        last_step = min(r.step for r in newest.ranks)
     elif last is None and steps:  # nor a note of this attempt: its last progress sample
         last, last_step = max(steps)
     first_time, first_step = (first.time, first.step) if first else (None, None)

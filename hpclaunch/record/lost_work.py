@@ -192,6 +192,9 @@ def _after_resume(done: _Done, nxt: Attempt, own: Saved | None) -> RunLoss:
         # It resumed past the last step noted: the note is older than the run's end.
         text = f"{head}, after the last step noted: the steps it repeated are unknown"
         repeats = None
+    elif not done.exact and not repeats:
+        text = f"{head}: it repeated what run {done.run} did after that step, which no note counted"
+        repeats = None
     elif not done.exact:
         text = f"{head}: it repeated at least {_steps(repeats or 0)}"
         repeats = None

@@ -107,3 +107,17 @@ def test_ranks_that_disagree_on_where_they_resumed_say_nothing_of_it(tmp_path: P
     assert watch.note()
     [first] = [e for e in read_run(job.root, 0).events if e.event == FIRST]
     assert (first.attempt, first.resumed, first.resumed_by) == (3, None, None)
+
+
+def test_an_attempt_whose_nodes_noted_no_end_ends_at_its_newest_note() -> None:
+    """A lost node's last note (step 3) is older than the survivor's (step 10, written at
+    the stop signal): the survivor's says what the ranks, stepping together, had done."""
+    from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+    from hpclaunch.record.job_record import RunRecord
+
+    notes = (
+        NodeProgress("n1", 0, 116.0, (RankProgress(0, 10, 4.0, 0.3, 0.1, True),)),
+        NodeProgress("n2", 0, 110.0, (RankProgress(2, 3, 4.0, 0.3, 0.2, True),)),
+    )
+    first = attempts.of_run(RunRecord(0, notes), first_of_job=True)[0]
+    assert (first.last_step, first.last, first.ended) == (10, 115.9, None)
