@@ -8,8 +8,10 @@ A node's hang watch (hpclaunch.node.hangs) appends a line when an attempt's work
 are about to start (``begin``), when it first sees one of their steps (``first``: the
 wall time and step of the node's first step, and the step the attempt resumed from when a
 worker saw it), at each progress note (``step``: the node's lowest step and when it was
-done), and when the group ends (``end``: the time, and the node's last step and its
-time). A node that is lost writes no ``end``. ``hpclaunch.record`` reads the log.
+done), when a stop signal comes (``stop``: the node's last step then), and when the
+group ends (``end``: the time, and the node's last step and its time). A node that is
+lost writes no ``end``; a survivor that SLURM kills first, only its ``stop``.
+``hpclaunch.record`` reads the log.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ FIRST = "first"
 # A sample of the node's progress (its lowest rank's step and when it was done), one per
 # progress note: when the run passed a step, for the lost part of the goodput.
 STEP = "step"
+# A stop signal came (the agent's shutdown): the node's last step then, before the agent
+# waits for its workers; SLURM may kill the agent before it can log the ``end``.
+STOP = "stop"
 END = "end"
-EVENTS = (BEGIN, FIRST, STEP, END)
+EVENTS = (BEGIN, FIRST, STEP, STOP, END)
 PREFIX, SUFFIX = "attempts-node-", ".jsonl"
 
 

@@ -407,6 +407,17 @@ class Watch:
         if self.attempt in self._ends:
             return
         self._ends.add(self.attempt)
+        self._log_last(attempts.END)
+
+    def stopping(self) -> None:
+        """A stop signal came: the workers' progress now, noted and logged as the
+        attempt's ``stop`` before the agent waits for them (SLURM may kill the step, the
+        agent with it, before they end and ``ended`` can say more)."""
+        if self.attempt not in self._ends:
+            self._log_last(attempts.STOP)
+
+    def _log_last(self, event: str) -> None:
+        """The progress note, and ``event`` with the node's last step and its time."""
         self.note()
         now = self._clock()
         folder = self.folder(self.attempt)
@@ -418,7 +429,7 @@ class Watch:
         step_time = round(wall_now - (now - last), 3) if last is not None else None
         self._log_event(
             attempts.AttemptEvent(
-                self.node, self.attempt, attempts.END, round(wall_now, 3), step, step_time
+                self.node, self.attempt, event, round(wall_now, 3), step, step_time
             )
         )
 

@@ -253,7 +253,7 @@ class RecordingAgent(LocalElasticAgent):
         seconds to end, and what is left is killed. Their progress is noted first: SLURM
         may kill the step (the agent too) before they end."""
         if self._hangs is not None:
-            self._hangs.note()
+            self._hangs.stopping()
         if (
             death_sig in _received
             and self._pcontext is not None

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpclaunch.jobdir.attempts import BEGIN, END, FIRST, STEP, AttemptEvent
+from hpclaunch.jobdir.attempts import BEGIN, END, FIRST, STEP, STOP, AttemptEvent
 from hpclaunch.jobdir.progress_notes import NodeProgress
 from hpclaunch.record.job_record import JobRecord, RunRecord
 
@@ -42,6 +42,9 @@ class Attempt:
     # False: no node's first-step event was read, so ``first`` is only the earliest
     # progress sample (the training began at that time or before).
     first_known: bool = True
+    # Whether a node logged the attempt's end, or its count when a stop signal came: then
+    # ``last_step`` is the attempt's last; else only its newest progress sample, a floor.
+    end_known: bool = False
 
     @property
     def stepped(self) -> bool:
@@ -111,6 +114,10 @@ def _merge(
     first = min(firsts, key=lambda e: e.time, default=None)
     ends = [e for e in events if e.event == END]
     lasts = [e for e in ends if e.step_time is not None and e.step is not None]
+    if not lasts:  # no node logged its end, but a stop signal's count: the run's last
+        lasts = [
+            e for e in events if e.event == STOP and e.step_time is not None and e.step is not None
+        ]
     last = max((e.step_time for e in lasts if e.step_time), default=None)
     last_step = min((e.step for e in lasts if e.step is not None), default=None)
     steps = [(e.time, e.step) for e in events if e.event == STEP and e.step is not None]
@@ -143,6 +150,7 @@ def _merge(
         job_count,
         samples,
         first is not None,
+        bool(lasts),
     )
 
 

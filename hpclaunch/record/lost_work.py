@@ -124,7 +124,7 @@ def run_loss(
         run,
         last.last_step if last.job_count else None,
         last.steps or 0,
-        last.ended is not None,
+        last.end_known,
         last.last,
     )
     later = [a for a in following if a.stepped]

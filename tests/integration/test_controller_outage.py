@@ -59,11 +59,27 @@ def daemon(sandbox: Running, name: str) -> Tracked:
     return current.procs[name]
 
 
+def sleeping_tasks(job: str) -> list[Tracked]:
+    """The job's ``sleep 600`` tasks, one per node (the other processes with its id, srun's
+    helpers and the batch shell's, may come and go as the step starts)."""
+    found = []
+    for pid in procs.with_environ(f"SLURM_JOB_ID={job}".encode()):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            tracked = Tracked.of(pid)
+        except (OSError, ProcessLookupError):  # ended while it was looked at
+            continue
+        if Path(command[0].decode()).name == "sleep" and command[1:2] == [b"600"]:
+            found.append(tracked)
+    return found
+
+
 def test_stop_and_start_controller_keep_the_running_job(sandbox: Running, tmp_path: Path) -> None:
     job = sbatch(sandbox, "-N2", f"--output={tmp_path}/out", "--wrap", "srun sleep 600")
     try:
         wait_for(lambda: job_state(sandbox, job) == "RUNNING", what=f"job {job} to run")
-        tasks = procs.with_environ(f"SLURM_JOB_ID={job}".encode())
+        wait_for(lambda: len(sleeping_tasks(job)) == 2, what=f"job {job}'s tasks to start")
+        tasks = sleeping_tasks(job)
         sandbox.box.stop_controller()
         assert not daemon(sandbox, "slurmctld").alive()
         down = scontrol(sandbox, "show", "job", job)
@@ -71,7 +87,7 @@ def test_stop_and_start_controller_keep_the_running_job(sandbox: Running, tmp_pa
         assert "Unable to contact slurm controller (connect failure)" in down.stderr
         assert sandbox.box.status()["dead"] == ["slurmctld"]
         sandbox.box.stop_controller()  # stopped already: nothing to do
-        assert all(Tracked.of(pid).alive() for pid in tasks)  # the job runs on
+        assert all(task.alive() for task in tasks)  # the job runs on
         sandbox.box.start_controller()
         assert job_state(sandbox, job) == "RUNNING"  # the state it saved
         assert sandbox.box.status()["up"] is True

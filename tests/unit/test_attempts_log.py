@@ -121,3 +121,21 @@ def test_an_attempt_whose_nodes_noted_no_end_ends_at_its_newest_note() -> None:
     )
     first = attempts.of_run(RunRecord(0, notes), first_of_job=True)[0]
     assert (first.last_step, first.last, first.ended) == (10, 115.9, None)
+
+
+def test_a_stop_signal_logs_the_count_then_as_the_attempt_s_last(tmp_path: Path) -> None:
+    """SLURM may kill the agent after its stop signal, before it logs the end: the count
+    when the signal came is logged first, and it is the attempt's last known step."""
+    job = JobFolder(tmp_path / "job")
+    watch = Watch(tmp_path / "local", job, node="n1", node_rank=0, requeue=0, timeout=HangTimeout())
+    watch.begin(0, {0: 0})
+    board = progress._Board(str(watch.folder(0) / "local-0.progress"))
+    for _ in range(7):
+        board.beat(step=None)
+    watch.stopping()  # the agent is killed here: no end
+    run = read_run(job.root, 0)
+    assert [e.event for e in run.events][-1] == "stop"
+    [merged] = attempts.of_run(run, first_of_job=True)
+    assert merged.last_step == 7 and merged.end_known and merged.ended is None
+    watch.ended()  # it lived: the end follows
+    assert [e.event for e in read_run(job.root, 0).events][-2:] == ["stop", "end"]

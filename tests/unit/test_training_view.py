@@ -173,6 +173,7 @@ def attempt(
         resumed,
         by if resumed is not None else None,
         job_count or resumed is not None,
+        end_known=stepped,  # its nodes logged its end
     )
 
 
@@ -317,7 +318,7 @@ def test_a_run_whose_nodes_noted_no_end_did_at_least_its_last_note() -> None:
     """Its agents killed before they noted the end (a lost node's step killed by SLURM):
     its last note may be older than its end, so its count is a floor, and so is what the
     next run repeated."""
-    unended = replace(attempt(0, 45), ended=None)
+    unended = replace(attempt(0, 45), ended=None, end_known=False)
     loss = lost_work.run_loss(
         0, [unended], [attempt(1, 60, first_step=41, resumed=40, by="optimizer")], [], 60.0, False
     )
