@@ -64,10 +64,9 @@ class HangReport:
             at = f" at {seen.where}" if seen.where else ""
             if seen.rank not in self.culprits:
                 out[seen.rank] = f"{WAITED_FOR_HANG} {self.reason}"
-            else:
-                out[seen.rank] = (
-                    f"{HUNG if blamed else NOT_BLAMED} {self.reason}{step}; {self.how}{at}"
-                )
+            else:  # the rank's own message: where it was, not which ranks were there
+                what = self.stretch or self.reason
+                out[seen.rank] = f"{HUNG if blamed else NOT_BLAMED} {what}{step}; {self.how}{at}"
         return out
 
 

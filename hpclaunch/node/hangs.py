@@ -172,7 +172,7 @@ def learn(
     first_step = None
     if firsts:
         timed = [at - begun[key] for key, at in firsts if key in begun]
-        first_step = max(0.0, *timed)
+        first_step = max([0.0, *timed])
     return Learned(max((r.total_s for r in recorded), default=None), first_step)
 
 
