@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpclaunch import procs, progress
@@ -361,7 +361,8 @@ class Watch:
         )
         if checkpointing and now >= self._next_learn:  # the saves of this attempt count too
             self._next_learn = now + NOTE_S
-            self._learned = self._learn()
+            slowest = learn(saves.read(self._job.saves), ()).slowest_save_s
+            self._learned = replace(self._learned, slowest_save_s=slowest)
         return judge(
             seen, now, self._timeout, bounds=self._bounds, learned=self._learned, began=self._began
         )

@@ -116,7 +116,7 @@ def test_a_rank_hung_in_load_latest_after_a_requeue_is_found_within_the_checkpoi
     check_found(job, 1, 0, "in checkpoint load for ")
     assert re.search(
         rf"hang: +run 1, attempt 0: rank 1 on n\d hung in checkpoint load for \d+ s "
-        rf"\(bound {BOUND_S} s\) \(not waiting in a collective",
+        rf"\(bound {BOUND_S} s\)(, after step \d+)? \(not waiting in a collective",
         job.status(),
     ), job.status()
 

@@ -3,7 +3,9 @@ evidence against a rank, the verdict of the failure records, and what status say
 
 from __future__ import annotations
 
+import os
 import struct
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from hpclaunch.jobdir.failures import (
     WorkerFailure,
     classify,
 )
+from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node.hangs import (
     FLOOR_S,
     MULTIPLE,
@@ -30,6 +33,7 @@ from hpclaunch.node.hangs import (
     HangTimeout,
     Learned,
     Seen,
+    Watch,
     evidence,
     first_step_bound,
     judge,
@@ -355,3 +359,39 @@ def test_a_bad_stretch_timeout_names_its_option(field: str) -> None:
         HangTimeout.parse("0.1", field)
     assert raised.value.field == field and "'0.1'" in raised.value.message
     assert HangTimeout.parse("off", field).off and HangTimeout.parse("12", field).seconds == 12
+
+
+def test_a_watch_takes_its_bounds_from_the_job_folder(tmp_path: Path) -> None:
+    """A node's watch of a requeued run learns from the folder the earlier run wrote: its
+    slowest save (40 s: saves get 400 s) and its longest start (45 s: 450 s), and judges
+    this process as its one worker, through the worker's own board."""
+    job = JobFolder(tmp_path / "job")
+    job.root.mkdir()
+    saves.append(job.saves, record_of_save(40.0))
+    attempts.append(job, 0, event("n1", 0, attempts.BEGIN, 100.0))
+    attempts.append(job, 0, event("n1", 0, attempts.FIRST, 145.0))
+    base, later = time.monotonic(), [0.0]
+    watch = Watch(
+        tmp_path / "local",
+        job,
+        node="n1",
+        node_rank=0,
+        requeue=1,
+        timeout=HangTimeout(),
+        clock=lambda: base + later[0],
+    )
+    watch.begin(0, {0: 0})
+    board = progress._Board(watch.worker_env(0, 0)[progress.PROGRESS_FILE])
+    me = {0: os.getpid()}
+    board.set_stretch(LOAD)  # as load_latest does, now: a load's bound holds from its start
+    later[0] = 399.0
+    assert watch.check(me) is None
+    later[0] = 401.0
+    hang = watch.check(me)
+    assert hang is not None and hang.reason == "rank 0 in checkpoint load for 401 s (bound 400 s)"
+    board.set_stretch(None)  # out of it (the real clock: at once), no step yet
+    later[0] = 449.0
+    assert watch.check(me) is None
+    later[0] = 451.0
+    hang = watch.check(me)
+    assert hang is not None and hang.reason == "no first step for 451 s (bound 450 s)"
