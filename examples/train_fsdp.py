@@ -26,6 +26,8 @@ Faults to try the machinery with:
                                 attempt of the first requeued run
   --hang-before-init A          rank 1 hangs before init_process_group in attempt A of the
                                 job's first run (a rendezvous that never completes)
+  --hang-in-pause S             after step S every rank evaluates in hpclaunch.progress.paused(),
+                                where rank 1 hangs, on the job's first attempt only
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from hpclaunch import checkpoint
+from hpclaunch import checkpoint, progress
 
 FEATURES, HIDDEN, BATCH_PER_RANK = 16, 30, 8
 
@@ -91,6 +93,7 @@ def main() -> None:
     parser.add_argument("--hang-in-save", type=int, default=None)
     parser.add_argument("--hang-in-load", action="store_true")
     parser.add_argument("--hang-before-init", type=int, default=None)
+    parser.add_argument("--hang-in-pause", type=int, default=None)
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
@@ -171,6 +174,11 @@ def main() -> None:
                 sys.stderr.write(f"rank {rank}: SIGKILL in the asynchronous save of step {step}\n")
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.hang_in_pause:
+            with progress.paused():  # an evaluation: no optimizer step for a while
+                if rank == 1 and first_attempt:
+                    hang(rank, "in a pause", step)
+                dist.barrier()
         if stopping:
             if rank == 0:
                 say(

@@ -1,7 +1,8 @@
 """Hangs between steps on the sandbox, each found within the bound of its stretch
 (hpclaunch.node.hangs.Bounds): a rank hung inside ``checkpoint.save`` of a sharded save, a
-rank hung inside ``load_latest`` after a requeue, and a rank that never reaches
-``init_process_group`` in a restarted attempt. examples/train_fsdp.py (2 nodes x 2
+rank hung inside ``load_latest`` after a requeue, a rank that never reaches
+``init_process_group`` in a restarted attempt, and a rank hung in the script's own
+``hpclaunch.progress.paused()``. examples/train_fsdp.py (2 nodes x 2
 workers, FSDP2, sharded checkpoints) injects each; every job ends with the digest of an
 uninterrupted run, the hang named in its reports and in ``hpclaunch status``, and no
 process left behind (``Job.wait_end``)."""
@@ -137,5 +138,23 @@ def test_a_restarted_attempt_that_never_steps_is_found_within_the_first_step_bou
     assert re.search(
         rf"hang: +attempt 1: rank 1 on n\d hung with no first step for \d+ s "
         rf"\(bound {BOUND_S} s\) \(not waiting in a collective",
+        job.status(),
+    ), job.status()
+
+
+def test_a_rank_hung_in_the_scripts_pause_is_found_within_the_pause_bound(
+    sandbox: Running, tmp_path: Path, uninterrupted: str
+) -> None:
+    # After step 12 every rank evaluates in hpclaunch.progress.paused(); rank 1 hangs
+    # there, the others wait for it in a barrier. Step 9's checkpoint is committed.
+    job = submit(sandbox, tmp_path, "--hang-in-pause", "12", option="--pause-timeout")
+    assert job.wait_end() == "COMPLETED", job.log
+    assert digest_of(job) == uninterrupted
+    starts = [(s["requeue"], s["attempt"], s["step"]) for s in job.lines("START")]
+    assert starts == [("0", "0", 0), ("0", "1", 10)], job.log
+    check_found(job, 0, 0, "in a pause (hpclaunch.progress.paused) for ")
+    assert re.search(
+        rf"hang: +attempt 0: rank 1 on n\d hung in a pause \(hpclaunch.progress.paused\) for "
+        rf"\d+ s \(bound {BOUND_S} s\), after step \d+ \(not waiting in a collective",
         job.status(),
     ), job.status()
