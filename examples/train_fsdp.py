@@ -20,6 +20,14 @@ Faults to try the machinery with:
   --kill-in-save S              rank 1 SIGKILLs itself as soon as its asynchronous save of
                                 step S has started, on the job's first attempt only: that
                                 checkpoint can never be committed
+  --hang-in-save S              rank 1 hangs inside checkpoint.save of step S (saved blocking
+                                on every rank), on the job's first attempt only
+  --hang-in-load                rank 1 hangs inside checkpoint.load_latest on the first
+                                attempt of the first requeued run
+  --hang-before-init A          rank 1 hangs before init_process_group in attempt A of the
+                                job's first run (a rendezvous that never completes)
+  --hang-in-pause S             after step S every rank evaluates in hpclaunch.progress.paused(),
+                                where rank 1 hangs, on the job's first attempt only
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,7 +50,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from hpclaunch import checkpoint
+from hpclaunch import checkpoint, progress
 
 FEATURES, HIDDEN, BATCH_PER_RANK = 16, 30, 8
 
@@ -81,9 +90,21 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--bad-node", default=None)
     parser.add_argument("--kill-in-save", type=int, default=None)
+    parser.add_argument("--hang-in-save", type=int, default=None)
+    parser.add_argument("--hang-in-load", action="store_true")
+    parser.add_argument("--hang-before-init", type=int, default=None)
+    parser.add_argument("--hang-in-pause", type=int, default=None)
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
+    env = os.environ
+    requeue, attempt = env.get("HPCLAUNCH_REQUEUE_COUNT", "0"), env.get("HPCLAUNCH_ATTEMPT", "0")
+    if (
+        args.hang_before_init is not None
+        and (requeue, attempt) == ("0", str(args.hang_before_init))
+        and env.get("RANK") == "1"
+    ):
+        hang(1, "before init_process_group")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     first_attempt = (
@@ -109,7 +130,9 @@ def main() -> None:
 
     # The state to load into: this rank's shards, as torch's helpers give them.
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+    if args.hang_in_load and (requeue, attempt) == ("1", "0") and rank == 1:
+        state["stall"] = Stall(rank, "in load_latest")  # DCP asks it for its state
     resumed = checkpoint.load_latest(into=state)
     start = 0
     if resumed is not None:
@@ -118,8 +141,6 @@ def main() -> None:
         )
         start = resumed.step + 1
     if rank == 0:
-        env = os.environ
-        requeue, attempt = env.get("HPCLAUNCH_REQUEUE_COUNT"), env.get("HPCLAUNCH_ATTEMPT")
         say("START", step=start, world_size=world, requeue=requeue, attempt=attempt)
 
     step = start
@@ -144,13 +165,20 @@ def main() -> None:
         stopping = stop.should_stop()
         if stopping or (step + 1) % args.checkpoint_every == 0:
             model_state, optim_state = get_state_dict(model, optimizer)
-            checkpoint.save(
-                {"model": model_state, "optimizer": optim_state}, step, asynchronous=not stopping
-            )
+            saved: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+            stall = step == args.hang_in_save
+            if stall and rank == 1 and first_attempt:
+                saved["stall"] = Stall(rank, "in checkpoint.save", step)
+            checkpoint.save(saved, step, asynchronous=not (stopping or stall))
             if step == args.kill_in_save and rank == 1 and first_attempt:
                 sys.stderr.write(f"rank {rank}: SIGKILL in the asynchronous save of step {step}\n")
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.hang_in_pause:
+            with progress.paused():  # an evaluation: no optimizer step for a while
+                if rank == 1 and first_attempt:
+                    hang(rank, "in a pause", step)
+                dist.barrier()
         if stopping:
             if rank == 0:
                 say(
@@ -167,6 +195,32 @@ def main() -> None:
             with open(args.result, "w") as handle:
                 json.dump(result, handle)
     end()
+
+
+def hang(rank: int, where: str, step: int | None = None) -> None:
+    """Hang for good, asleep (hpclaunch's hang watch ends it; without one the others wait
+    for this rank in their collectives), saying so on stderr first."""
+    fields = {"rank": rank, "where": where, "step": step, "time": time.time()}
+    sys.stderr.write(f"HANG {json.dumps(fields)}\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(3600)
+
+
+class Stall:
+    """A ``Stateful`` entry of the state whose ``state_dict()`` never returns: DCP calls it
+    inside checkpoint.save and load_latest, so the rank that holds one hangs in there, as
+    a rank does whose storage stops answering."""
+
+    def __init__(self, rank: int, where: str, step: int | None = None) -> None:
+        self.rank, self.where, self.step = rank, where, step
+
+    def state_dict(self) -> dict[str, object]:
+        hang(self.rank, self.where, self.step)
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        hang(self.rank, self.where, self.step)
 
 
 def end() -> None:

@@ -57,17 +57,27 @@ from hpclaunch.jobdir.atomic import write_bytes_atomic
 # the process that writes the file, the steps the run is to take (-1: unknown).
 # Resume point: the steps done before this attempt's first counted step, in the job's
 # count (-1: not seen), and how it was seen (1 + its index in RESUMED_BY; 0: not seen).
+# Stretch: the stretch between steps the worker is in (1 + its index in STRETCHES; 0:
+# none), and since when: its start, or, out of one, when the last one ended (0: none yet).
 _HEAD = struct.Struct("<4sIqqdddqq")
 _RESUME = struct.Struct("<qi")
-_LAYOUT = struct.Struct("<4sIqqdddqqqi")  # the two, as read
-_MAGIC = b"HPCr"  # b"HPCp": the layout before the resume point, never read as this one
+_STRETCH = struct.Struct("<Id")
+_LAYOUT = struct.Struct("<4sIqqdddqqqiId")  # the three, as read
+# b"HPCp": the layout before the resume point; b"HPCr": the one before the stretch. Neither
+# is ever read as this one.
+_MAGIC = b"HPCs"
 STACKS_ON_SIGNAL = 1  # flag: the writer dumps its stacks on stack_signal()
-PAUSED = 2  # flag: the script said a pause between steps has begun (see paused())
+PAUSED = 2  # flag: the worker is in a stretch between steps (see paused())
 JOB_STEPS = 4  # flag: the steps are the job's (resumed_from, or the script's own numbers)
 # How a worker saw where it resumed: the same as hpclaunch.jobdir.progress_notes.RESUMED_BY
 # (a test keeps them alike), here so that a worker's boot imports no more than this module.
 RESUMED_BY = ("checkpoint", "optimizer", "script", "lightning")
 BY_CHECKPOINT, BY_OPTIMIZER, BY_SCRIPT, BY_LIGHTNING = RESUMED_BY
+# The stretches between steps a worker says it is in, each bounded by its own timeout
+# (hpclaunch.node.hangs): the script's own pause (``paused()``), and hpclaunch.checkpoint's
+# save and load.
+STRETCHES = ("pause", "save", "load")
+PAUSE, SAVE, LOAD = STRETCHES
 PR_SET_PTRACER = 0x59616D61  # Yama: who besides our ancestors may read our memory
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 
@@ -88,7 +98,7 @@ class Progress:
     last: float
     slowest: float  # the longest interval between two progress reports; 0 before two
     stacks_on_signal: bool
-    paused: bool = False
+    stretch: str | None = None  # the stretch between steps it is in (one of STRETCHES)
     pid: int = 0  # the process that writes it
     total: int | None = None  # the steps the run is to take, when the script said
     job_steps: bool = False  # ``step`` counts on from a resumed checkpoint (or is the script's)
@@ -96,6 +106,13 @@ class Progress:
     # that was seen (one of RESUMED_BY); None: not seen.
     resumed: int | None = None
     resumed_by: str | None = None
+    # The start of its stretch; out of one, when the last one ended (0.0: none yet).
+    since: float = 0.0
+
+    @property
+    def paused(self) -> bool:
+        """Whether it is in a stretch between steps (a save, a load, a pause)."""
+        return self.stretch is not None
 
     @property
     def steps_per_s(self) -> float | None:
@@ -125,8 +142,10 @@ class _Board:
         "pid",
         "resumed",
         "resumed_by",
+        "since",
         "slowest",
         "step",
+        "stretch",
         "total",
     )
 
@@ -147,6 +166,8 @@ class _Board:
         self.total = -1
         self.resumed = -1  # the steps done before this attempt's first counted step
         self.resumed_by = 0  # 1 + its index in RESUMED_BY; 0: not seen
+        self.stretch = 0  # 1 + its index in STRETCHES; 0: none
+        self.since = 0.0  # the stretch's start, or when the last one ended
         self.metrics: dict[str, float] = {}
         self.metrics_path = metrics_path(path)
         self.metrics_written = -METRICS_EVERY_S
@@ -168,6 +189,19 @@ class _Board:
             self.total,
         )
         _RESUME.pack_into(self._map, _HEAD.size, self.resumed, self.resumed_by)
+        _STRETCH.pack_into(self._map, _HEAD.size + _RESUME.size, self.stretch, self.since)
+
+    def set_stretch(self, kind: str | None) -> bool:
+        """Begin the stretch ``kind`` (one of STRETCHES), or end the one it is in (None);
+        whether that changed anything (one begun inside another changes nothing: the
+        outer one ends it, and its bound is the one that holds)."""
+        if (kind is not None) == bool(self.stretch):
+            return False
+        self.stretch = 0 if kind is None else STRETCHES.index(kind) + 1
+        self.since = _monotonic()
+        self.flags = self.flags | PAUSED if kind is not None else self.flags & ~PAUSED
+        self.write()
+        return True
 
     def resume(self, held: int, by: str) -> bool:
         """The steps done before this attempt stand at ``held`` after the steps counted so
@@ -326,27 +360,32 @@ def report(
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
-def pausing(fn: _Fn) -> _Fn:
-    """``fn`` run in ``paused()`` (hpclaunch.checkpoint's save and load)."""
+def pausing(kind: str) -> Callable[[_Fn], _Fn]:
+    """A decorator: the function run in the stretch ``kind`` (hpclaunch.checkpoint's save
+    and load are in SAVE and LOAD)."""
 
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with paused():
-            return fn(*args, **kwargs)
+    def wrap(fn: _Fn) -> _Fn:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with paused(kind):
+                return fn(*args, **kwargs)
 
-    return cast(_Fn, run)
+        return cast(_Fn, run)
+
+    return wrap
 
 
 @contextlib.contextmanager
-def paused() -> Iterator[None]:
+def paused(kind: str = PAUSE) -> Iterator[None]:
     """A stretch between steps that may outlast the hang timeout (an evaluation, an export):
-    the agent does not take it for a hang, unless a worker is stopped. hpclaunch.checkpoint
-    wraps its saves and loads in it.
+    the agent judges it by its own bound (``--pause-timeout``, an hour by default) instead
+    of the time since the last step. hpclaunch.checkpoint wraps its saves and loads in it
+    (their bound: ``--checkpoint-timeout``).
 
         with hpclaunch.progress.paused():
             evaluate(model)
     """
-    if not set_paused(True):  # nested: the outer one ends it
+    if not set_paused(True, kind):  # nested: the outer one ends it
         yield
         return
     try:
@@ -355,15 +394,16 @@ def paused() -> Iterator[None]:
         set_paused(False)
 
 
-def set_paused(on: bool) -> bool:
-    """Begin (``on``) or end a pause (see ``paused``), for code whose pause begins and
-    ends in two calls (a framework's callbacks); whether that changed anything."""
+def set_paused(on: bool, kind: str = PAUSE) -> bool:
+    """Begin (``on``) the stretch ``kind`` or end the one begun (see ``paused``), for code
+    whose pause begins and ends in two calls (a framework's callbacks); whether that
+    changed anything. Raises ValueError for a ``kind`` none of STRETCHES."""
+    if kind not in STRETCHES:
+        raise ValueError(f"hpclaunch.progress: kind={kind!r} is none of {', '.join(STRETCHES)}")
     board = _board if _opened else _open(os.environ)
-    if board is None or bool(board.flags & PAUSED) == on:
+    if board is None:
         return False
-    board.flags = board.flags | PAUSED if on else board.flags & ~PAUSED
-    board.write()
-    return True
+    return board.set_stretch(kind if on else None)
 
 
 def resumed_from(step: int | None = None, *, held: int | None = None, by: str = BY_SCRIPT) -> None:
@@ -568,7 +608,7 @@ def read(path: str) -> Progress | None:
     if len(data) < _LAYOUT.size:
         return None
     fields = _LAYOUT.unpack(data)
-    magic, flags, count, step, first, last, slowest, pid, total, resumed, by = fields
+    magic, flags, count, step, first, last, slowest, pid, total, resumed, by, kind, since = fields
     if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
         return None
     seen = 0 < by <= len(RESUMED_BY) and resumed >= 0
@@ -579,12 +619,13 @@ def read(path: str) -> Progress | None:
         last,
         slowest,
         bool(flags & STACKS_ON_SIGNAL),
-        bool(flags & PAUSED),
-        pid,
-        total if total >= 0 else None,
-        bool(flags & JOB_STEPS),
-        resumed if seen else None,
-        RESUMED_BY[by - 1] if seen else None,
+        stretch=STRETCHES[kind - 1] if 0 < kind <= len(STRETCHES) else None,
+        pid=pid,
+        total=total if total >= 0 else None,
+        job_steps=bool(flags & JOB_STEPS),
+        resumed=resumed if seen else None,
+        resumed_by=RESUMED_BY[by - 1] if seen else None,
+        since=since,
     )
 
 

@@ -48,7 +48,7 @@ class CheckpointMismatch(CheckpointError):
     same on every rank, so the checkpoint is never set aside for it."""
 
 
-@progress.pausing  # neither is a long load (a step's rendezvous comes after it)
+@progress.pausing(progress.LOAD)  # the same (a step's rendezvous comes after it)
 def load_latest(
     folder: str | os.PathLike[str] | None = None,
     *,

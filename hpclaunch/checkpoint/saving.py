@@ -159,7 +159,7 @@ class _Saver:
 _saver = _Saver()
 
 
-@progress.pausing  # a save between two steps is no hang, however long
+@progress.pausing(progress.SAVE)  # bounded by --checkpoint-timeout, not the step time
 def save(
     state: Mapping[str, Any],
     step: int,

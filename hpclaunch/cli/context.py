@@ -17,7 +17,14 @@ import click
 from hpclaunch.cli.spellings import alias_decls
 from hpclaunch.contract import table
 from hpclaunch.contract.agent import EntryKind
-from hpclaunch.contract.values import parse_endpoints, parse_hang_timeout, parse_nodes
+from hpclaunch.contract.values import (
+    parse_checkpoint_timeout,
+    parse_endpoints,
+    parse_first_step_timeout,
+    parse_hang_timeout,
+    parse_nodes,
+    parse_pause_timeout,
+)
 from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job.values import (
     parse_dependency,
@@ -100,6 +107,9 @@ def _types() -> dict[str, SpecParam]:
         "option": SpecParam("KEY[=VALUE]", parse_sbatch_option),
         "endpoints": SpecParam("HOST:PORT[,...]", parse_endpoints),
         "hang_timeout": SpecParam("SECONDS|auto|off", parse_hang_timeout),
+        "checkpoint_timeout": SpecParam("SECONDS|auto|off", parse_checkpoint_timeout),
+        "pause_timeout": SpecParam("SECONDS|auto|off", parse_pause_timeout),
+        "first_step_timeout": SpecParam("SECONDS|auto|off", parse_first_step_timeout),
         "dependency": SpecParam("SPEC", parse_dependency),
     }
 

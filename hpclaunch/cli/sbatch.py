@@ -29,7 +29,14 @@ from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SLURM_PATIENCE_S,
 )
-from hpclaunch.contract.values import HANG_FLOOR_S, HANG_MULTIPLE
+from hpclaunch.contract.values import (
+    HANG_FLOOR_S,
+    HANG_MULTIPLE,
+    PAUSE_S,
+    STRETCH_FLOOR_S,
+    STRETCH_MULTIPLE,
+    UNSEEN_SAVE_S,
+)
 from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
 from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, JobSpec
@@ -138,6 +145,28 @@ NO_SCRIPT = "SCRIPT"
     "after which the workers count as hung: their stacks are saved and they restart in "
     f"place; auto: {HANG_MULTIPLE:g} x the slowest step, at least {HANG_FLOOR_S:g} s; off. "
     "[default: auto]",
+)
+@click.option(
+    "--checkpoint-timeout",
+    type=TYPES["checkpoint_timeout"],
+    help="Seconds a save or load through hpclaunch.checkpoint may take before the workers "
+    f"count as hung (as after --hang-timeout); auto: {STRETCH_MULTIPLE:g} x the job's slowest "
+    f"save, at least {STRETCH_FLOOR_S:g} s ({UNSEEN_SAVE_S:g} s before any save); off. "
+    "[default: auto]",
+)
+@click.option(
+    "--pause-timeout",
+    type=TYPES["pause_timeout"],
+    help="Seconds a pause of the script (hpclaunch.progress.paused) may last before the "
+    f"workers count as hung; auto: {PAUSE_S:g} s; off. [default: auto]",
+)
+@click.option(
+    "--first-step-timeout",
+    type=TYPES["first_step_timeout"],
+    help="Seconds from an attempt's start to its first step before the workers count as "
+    f"hung; auto: once the job has stepped, {STRETCH_MULTIPLE:g} x the longest an earlier "
+    f"attempt took, at least {STRETCH_FLOOR_S:g} s (a job's first start is not watched); "
+    "off. [default: auto]",
 )
 @click.option(
     "--max-requeues",

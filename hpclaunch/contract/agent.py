@@ -115,6 +115,31 @@ class AgentSettings:
         "auto: a multiple of the slowest step, with a floor; off.",
         Script.WHEN_SET,
     )
+    checkpoint_timeout: str = setting(
+        HANG_AUTO,
+        "--checkpoint-timeout",
+        Parsed("checkpoint_timeout"),
+        "Seconds a save or load through hpclaunch.checkpoint may take before the workers "
+        "count as hung; auto: a multiple of the job's slowest save, with a floor; off.",
+        Script.WHEN_SET,
+    )
+    pause_timeout: str = setting(
+        HANG_AUTO,
+        "--pause-timeout",
+        Parsed("pause_timeout"),
+        "Seconds a pause of the script (hpclaunch.progress.paused) may last before the "
+        "workers count as hung; auto: an hour; off.",
+        Script.WHEN_SET,
+    )
+    first_step_timeout: str = setting(
+        HANG_AUTO,
+        "--first-step-timeout",
+        Parsed("first_step_timeout"),
+        "Seconds from an attempt's start to its first step before the workers count as "
+        "hung; auto: once the job has stepped, a multiple of the longest start seen, with "
+        "a floor (not watched before); off.",
+        Script.WHEN_SET,
+    )
     grace_period_s: float = setting(
         DEFAULT_GRACE_PERIOD_S,
         "--grace-period",

@@ -75,10 +75,50 @@ HANG_AUTO, HANG_OFF = "auto", "off"
 HANG_FLOOR_S = 300.0  # auto: never less than this,
 HANG_MULTIPLE = 10.0  # and this many times the slowest step seen (hpclaunch.node.hangs)
 MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs in steps
+# The bounds of the stretches between steps, in the same words (auto, off, seconds):
+# --checkpoint-timeout (a save or load through hpclaunch.checkpoint), --pause-timeout (the
+# script's own hpclaunch.progress.paused()), --first-step-timeout (from an attempt's start
+# to its first step). auto: STRETCH_MULTIPLE times the longest the job's own were seen to
+# take, at least STRETCH_FLOOR_S; UNSEEN_SAVE_S for a save or load before any save of the
+# job was recorded; PAUSE_S for a pause; the first step of an attempt is watched only once
+# the job has stepped (hpclaunch.node.hangs).
+STRETCH_FLOOR_S = 300.0
+STRETCH_MULTIPLE = 10.0
+UNSEEN_SAVE_S = 1800.0
+PAUSE_S = 3600.0
+# What each option's auto means, for its error message.
+_AUTO_MEANS = {
+    "hang_timeout": "a multiple of the slowest step, with a floor",
+    "checkpoint_timeout": "a multiple of the job's slowest save, with a floor",
+    "pause_timeout": f"{PAUSE_S:g} s",
+    "first_step_timeout": "once the job has stepped, a multiple of the longest start seen",
+}
 
 
 def parse_hang_timeout(text: str | float) -> str:
     """``auto``, ``off`` or seconds above 0, as the agent's option writes it. Raises SpecError."""
+    return parse_timeout(text, "hang_timeout")
+
+
+def parse_checkpoint_timeout(text: str | float) -> str:
+    """``--checkpoint-timeout``: as ``parse_timeout``. Raises SpecError."""
+    return parse_timeout(text, "checkpoint_timeout")
+
+
+def parse_pause_timeout(text: str | float) -> str:
+    """``--pause-timeout``: as ``parse_timeout``. Raises SpecError."""
+    return parse_timeout(text, "pause_timeout")
+
+
+def parse_first_step_timeout(text: str | float) -> str:
+    """``--first-step-timeout``: as ``parse_timeout``. Raises SpecError."""
+    return parse_timeout(text, "first_step_timeout")
+
+
+def parse_timeout(text: str | float, field: str) -> str:
+    """A watch's timeout for the option of ``field`` (one of the hang and stretch timeouts):
+    ``auto``, ``off`` or seconds, at least MIN_HANG_TIMEOUT_S, as the agent's option writes
+    it. Raises SpecError naming the option."""
     value = str(text).strip().lower()
     if value in (HANG_AUTO, HANG_OFF):
         return value
@@ -87,11 +127,11 @@ def parse_hang_timeout(text: str | float) -> str:
     except ValueError:
         seconds = float("nan")
     if not MIN_HANG_TIMEOUT_S <= seconds < float("inf"):
+        what = "without progress" if field == "hang_timeout" else "it may last"
         raise SpecError(
-            "hang_timeout",
-            f"{text!r} is not a hang timeout; give seconds without progress (at least "
-            f"{MIN_HANG_TIMEOUT_S:g}), {HANG_AUTO!r} (a multiple of the slowest step, with a "
-            f"floor) or {HANG_OFF!r}",
+            field,
+            f"{text!r} is not a {field.replace('_', ' ')}; give seconds {what} (at least "
+            f"{MIN_HANG_TIMEOUT_S:g}), {HANG_AUTO!r} ({_AUTO_MEANS[field]}) or {HANG_OFF!r}",
         )
     return f"{seconds:f}".rstrip("0").rstrip(".")
 

@@ -190,8 +190,9 @@ class StopCheckpoint(pl.Callback):
             )
             raise SIGTERMException  # ends fit() on every rank; the job is requeued
 
-    # Validation and testing take no optimizer steps: hpclaunch's hang watch must not
-    # take a long one for a hang (hpclaunch.progress.paused).
+    # Validation and testing take no optimizer steps: hpclaunch's hang watch judges them
+    # as a pause (hpclaunch.progress.paused, bounded by --pause-timeout), not by the time
+    # since the last step.
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         progress.set_paused(True)
 

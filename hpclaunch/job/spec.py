@@ -123,6 +123,10 @@ class JobSpec:
     checkpoint_patterns: tuple[str, ...] = ()
     max_restarts: int = DEFAULT_MAX_RESTARTS
     hang_timeout: str = values.HANG_AUTO  # seconds without progress, auto or off (node.hangs)
+    # The bounds of the stretches between steps, in the same words (node.hangs.Bounds).
+    checkpoint_timeout: str = values.HANG_AUTO
+    pause_timeout: str = values.HANG_AUTO
+    first_step_timeout: str = values.HANG_AUTO
     max_requeues: int = DEFAULT_MAX_REQUEUES
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
@@ -168,7 +172,8 @@ class JobSpec:
         if self.cpus_per_task is not None:
             _check_count("cpus_per_task", self.cpus_per_task, 1)
         _check_count("max_restarts", self.max_restarts, 0)
-        object.__setattr__(self, "hang_timeout", values.parse_hang_timeout(self.hang_timeout))
+        for name in ("hang_timeout", "checkpoint_timeout", "pause_timeout", "first_step_timeout"):
+            object.__setattr__(self, name, values.parse_timeout(getattr(self, name), name))
         _check_count("max_requeues", self.max_requeues, 0)
         _check_count("max_failure_requeues", self.max_failure_requeues, 0)
         if self.master_port is not None:

@@ -49,6 +49,9 @@ class HangReport:
     culprits: tuple[int, ...]  # the ranks this node names, with its evidence
     how: str  # that evidence, in words
     stacks: str  # the stacks file
+    # Where the workers hung when not between two steps, past that stretch's bound: "in
+    # checkpoint save for 31 s (bound 30 s)", "with no first step for 40 s (bound 30 s)".
+    stretch: str | None = None
 
     def messages(self, blamed: bool) -> dict[int, str]:
         """rank -> the failure record's message for it (hpclaunch.jobdir.failures): the
@@ -61,10 +64,9 @@ class HangReport:
             at = f" at {seen.where}" if seen.where else ""
             if seen.rank not in self.culprits:
                 out[seen.rank] = f"{WAITED_FOR_HANG} {self.reason}"
-            else:
-                out[seen.rank] = (
-                    f"{HUNG if blamed else NOT_BLAMED} {self.reason}{step}; {self.how}{at}"
-                )
+            else:  # the rank's own message: where it was, not which ranks were there
+                what = self.stretch or self.reason
+                out[seen.rank] = f"{HUNG if blamed else NOT_BLAMED} {what}{step}; {self.how}{at}"
         return out
 
 
@@ -104,6 +106,7 @@ class FirstHung:
     waiting: int  # ranks seen waiting in a collective, on every node that reported
     read: int  # ranks whose stacks were read, on every node that reported
     stacks: tuple[str, ...]
+    stretch: str | None = None  # where it hung, past that stretch's bound (HangReport's)
 
 
 def began_on(reports: Sequence[HangReport]) -> str | None:
@@ -142,8 +145,11 @@ def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
                 if named
                 else "no rank was seen outside a collective"
             )
+            stretch = next((r.stretch for r in some if r.stretch), None)
             out.append(
-                FirstHung(requeue, attempt, None, "", None, None, how, waiting, read, stacks)
+                FirstHung(
+                    requeue, attempt, None, "", None, None, how, waiting, read, stacks, stretch
+                )
             )
             continue
         report = next(r for r in some if r.node == node)
@@ -161,6 +167,7 @@ def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
                 waiting,
                 read,
                 stacks,
+                report.stretch,
             )
         )
     return out
@@ -169,15 +176,20 @@ def first_hung(reports: Sequence[HangReport]) -> list[FirstHung]:
 def describe(hung: FirstHung) -> str:
     """One line for status and the batch log."""
     when = f"run {hung.requeue}, " if hung.requeue else ""
+    where = f" {hung.stretch}" if hung.stretch else ""
     if hung.rank is None:
         return (
-            f"{when}attempt {hung.attempt}: the workers hung, no rank named ({hung.how}); "
-            f"{_waited(hung)}; stacks: {_files(hung.stacks)}"
+            f"{when}attempt {hung.attempt}: the workers hung{where}, no rank named "
+            f"({hung.how}); {_waited(hung)}; stacks: {_files(hung.stacks)}"
         )
     step = f" after step {hung.step}" if hung.step is not None else ""
-    idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
+    if hung.stretch:  # how long it was in the stretch says more than since the last step
+        what = f"{where}{',' if step else ''}{step}"
+    else:
+        idle = f", no progress for {hung.idle_s:.0f} s" if hung.idle_s is not None else ""
+        what = f"{step}{idle}"
     return (
-        f"{when}attempt {hung.attempt}: rank {hung.rank} on {hung.node} hung{step}{idle} "
+        f"{when}attempt {hung.attempt}: rank {hung.rank} on {hung.node} hung{what} "
         f"({hung.how}); {_waited(hung)}; stacks: {_files(hung.stacks)}"
     )
 

@@ -26,7 +26,7 @@ from hpclaunch.jobdir import failures, joblogs
 from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node import ports
-from hpclaunch.node.hangs import HangTimeout, Watch
+from hpclaunch.node.hangs import Bounds, HangTimeout, Watch
 from hpclaunch.node.launch_plan import (
     HANDLED_SIGNALS,
     LaunchPlan,
@@ -312,6 +312,11 @@ def _hang_watch(ctx: NodeContext, opts: AgentSettings, job: Path) -> Watch:
         node_rank=ctx.node_rank,
         requeue=ctx.restart_count,
         timeout=HangTimeout.parse(opts.hang_timeout),
+        bounds=Bounds(
+            HangTimeout.parse(opts.checkpoint_timeout, "checkpoint_timeout"),
+            HangTimeout.parse(opts.pause_timeout, "pause_timeout"),
+            HangTimeout.parse(opts.first_step_timeout, "first_step_timeout"),
+        ),
     )
 
 

@@ -9,6 +9,14 @@ FLOOR_S: long enough for an evaluation loop or a checkpoint save between two ste
 a job whose ranks step together, one rank that stops stops every rank within a step, so
 each node sees the hang by itself, and no node sends anything per step.
 
+Nothing between steps waits forever either (``Bounds``): a rank in a stretch its board
+names (a save or load through hpclaunch.checkpoint, the script's own ``paused()``) hangs
+when the stretch outlasts its bound, and an attempt's first step, once the job has
+stepped in an earlier attempt or run, is watched from the attempt's start. The automatic
+bounds come from the job's own record (``Learned``): its saves
+(hpclaunch.jobdir.saves) and how long its earlier attempts took to their first step
+(hpclaunch.jobdir.attempts), times STRETCH_MULTIPLE, never less than STRETCH_FLOOR_S.
+
 At a hang the watch reads every rank's stack (hpclaunch.node.stacks), names the rank
 this node has evidence against (stopped, or not waiting in a collective while others
 are), and writes its report and the stacks into the job folder (hpclaunch.jobdir.hangs);
@@ -21,8 +29,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpclaunch import procs, progress
@@ -31,9 +39,14 @@ from hpclaunch.contract.values import (
     HANG_FLOOR_S,
     HANG_MULTIPLE,
     HANG_OFF,
+    PAUSE_S,
+    STRETCH_FLOOR_S,
+    STRETCH_MULTIPLE,
+    UNSEEN_SAVE_S,
     parse_hang_timeout,
+    parse_timeout,
 )
-from hpclaunch.jobdir import attempts, progress_notes
+from hpclaunch.jobdir import attempts, progress_notes, saves
 from hpclaunch.jobdir import hangs as reports
 from hpclaunch.jobdir.hangs import HangReport, RankAtHang
 from hpclaunch.jobdir.layout import JobFolder
@@ -62,9 +75,10 @@ class HangTimeout:
     off: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> HangTimeout:
-        """From ``--hang-timeout``'s text. Raises SpecError naming the value."""
-        value = parse_hang_timeout(text)
+    def parse(cls, text: str, field: str = "hang_timeout") -> HangTimeout:
+        """From the text of ``--hang-timeout`` (or of the option of ``field``: the stretch
+        timeouts take the same words). Raises SpecError naming the value."""
+        value = parse_timeout(text, field)
         if value == HANG_AUTO:
             return cls()
         return cls(off=True) if value == HANG_OFF else cls(float(value))
@@ -84,6 +98,85 @@ class HangTimeout:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """The timeouts of the stretches between steps: ``--checkpoint-timeout`` (a save or a
+    load through hpclaunch.checkpoint), ``--pause-timeout`` (the script's ``paused()``),
+    ``--first-step-timeout`` (from an attempt's start to its first step)."""
+
+    checkpoint: HangTimeout = HangTimeout()
+    pause: HangTimeout = HangTimeout()
+    first_step: HangTimeout = HangTimeout()
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What the job's own record says its stretches take (see ``learn``)."""
+
+    slowest_save_s: float | None = None  # None: no save of the job recorded
+    # The longest an earlier attempt took from its start to its first step (0.0 where
+    # none could be timed); None: the job never stepped.
+    first_step_s: float | None = None
+
+
+# A stretch as the hang report says it: "rank 1 in checkpoint save for 31 s (bound 30 s)".
+STRETCH_WORDS = {
+    progress.SAVE: "checkpoint save",
+    progress.LOAD: "checkpoint load",
+    progress.PAUSE: "a pause (hpclaunch.progress.paused)",
+}
+
+
+def stretch_bound(kind: str, bounds: Bounds, learned: Learned) -> float | None:
+    """The seconds a rank may stay in the stretch ``kind`` (one of progress.STRETCHES);
+    None: unbounded (its option is off). Pure."""
+    timeout = bounds.pause if kind == progress.PAUSE else bounds.checkpoint
+    if timeout.off:
+        return None
+    if timeout.seconds is not None:
+        return timeout.seconds
+    if kind == progress.PAUSE:
+        return PAUSE_S
+    if learned.slowest_save_s is None:
+        return UNSEEN_SAVE_S  # a first save may be the longest: nothing says how long
+    # A load reads what a save wrote: the job's saves measure both.
+    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.slowest_save_s)
+
+
+def first_step_bound(bounds: Bounds, learned: Learned) -> float | None:
+    """The seconds an attempt may take to its first step; None: not watched (off, or
+    auto in a job that never stepped: its start may take any time). Pure."""
+    timeout = bounds.first_step
+    if timeout.off:
+        return None
+    if timeout.seconds is not None:
+        return timeout.seconds
+    if learned.first_step_s is None:
+        return None
+    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.first_step_s)
+
+
+def learn(
+    recorded: Sequence[saves.SaveRecord], events: Iterable[tuple[int, attempts.AttemptEvent]]
+) -> Learned:
+    """The job's record as the bounds use it: its slowest save, and the longest its
+    attempts took from their ``begin`` to their ``first`` step (``events``: (requeue,
+    event) of every run's attempts logs), each node's attempt timed on its own. Pure."""
+    begun: dict[tuple[int, str, int], float] = {}
+    firsts: list[tuple[tuple[int, str, int], float]] = []
+    for requeue, event in events:
+        key = (requeue, event.node, event.attempt)
+        if event.event == attempts.BEGIN:
+            begun[key] = event.time
+        elif event.event == attempts.FIRST:
+            firsts.append((key, event.time))
+    first_step = None
+    if firsts:
+        timed = [at - begun[key] for key, at in firsts if key in begun]
+        first_step = max([0.0, *timed])
+    return Learned(max((r.total_s for r in recorded), default=None), first_step)
+
+
+@dataclass(frozen=True)
 class Seen:
     """One worker as the watch saw it."""
 
@@ -100,27 +193,74 @@ class Hang:
     reason: str
     limit_s: float
     seen: tuple[Seen, ...]
+    # Where the workers hung, when not between two steps, without the ranks: "in
+    # checkpoint save for 31 s (bound 30 s)", "with no first step for 40 s (bound 30 s)".
+    stretch: str | None = None
 
 
-def judge(seen: Sequence[Seen], now: float, timeout: HangTimeout) -> Hang | None:
+def judge(
+    seen: Sequence[Seen],
+    now: float,
+    timeout: HangTimeout,
+    *,
+    bounds: Bounds = Bounds(),
+    learned: Learned = Learned(),
+    began: float | None = None,
+) -> Hang | None:
     """A hang among one node's workers, seen at ``now`` (CLOCK_MONOTONIC); None while
-    they progress, before the first step, or with the timeout off. Pure."""
+    they progress, or are in a stretch within its bound. ``began``: when the attempt's
+    workers were started (None: its first step is not watched). Pure."""
+    stopped = _stopped(seen, timeout)
+    if stopped is not None:
+        return stopped
+    # (rank, stretch, seconds in it) of each rank in one.
+    in_stretch = [
+        (s.rank, s.progress.stretch, now - s.progress.since)
+        for s in seen
+        if s.progress is not None and s.progress.stretch is not None
+    ]
+    for _, kind, held in in_stretch:
+        bound = stretch_bound(kind, bounds, learned)
+        if bound is not None and held >= bound:
+            past = [(r, h) for r, k, h in in_stretch if k == kind and h >= bound]
+            names = ("rank " if len(past) == 1 else "ranks ") + ", ".join(str(r) for r, _ in past)
+            longest = max(h for _, h in past)
+            words = f"in {STRETCH_WORDS[kind]} for {longest:.0f} s (bound {bound:g} s)"
+            return Hang(f"{names} {words}", bound, tuple(seen), words)
+    if in_stretch:
+        return None  # each is judged by its own bound, above
+    # Since the last step, or the end of a stretch after it (a save between two steps).
+    ended = max((s.progress.since for s in seen if s.progress is not None), default=0.0)
+    reported = [s.progress for s in seen if s.progress is not None and s.progress.count > 0]
+    if not reported:
+        bound = first_step_bound(bounds, learned)
+        if bound is None or began is None:
+            return None  # before the first step of a job that never stepped
+        waited = now - max(began, ended)
+        if waited < bound:
+            return None
+        words = f"no first step for {waited:.0f} s (bound {bound:g} s)"
+        return Hang(words, bound, tuple(seen), f"with {words}")
+    limit = timeout.limit(max(p.slowest for p in reported))
+    if limit is None:
+        return None
+    idle = now - max(max(p.last for p in reported), ended)
+    if idle < limit:
+        return None
+    return Hang(f"no progress for {idle:.0f} s (limit {limit:g} s)", limit, tuple(seen))
+
+
+def _stopped(seen: Sequence[Seen], timeout: HangTimeout) -> Hang | None:
+    """Workers stopped (SIGSTOP) for the hang timeout: a hang, first step or not."""
     reported = [s.progress for s in seen if s.progress is not None and s.progress.count > 0]
     limit = timeout.limit(max((p.slowest for p in reported), default=0.0))
     if limit is None:
         return None
     stopped = [s for s in seen if s.stopped_s >= limit]
-    if stopped:
-        names = ", ".join(f"rank {s.rank}" for s in stopped)
-        return Hang(
-            f"{names} stopped (SIGSTOP) for {stopped[0].stopped_s:.0f} s", limit, tuple(seen)
-        )
-    if not reported or any(p.paused for p in reported):
-        return None  # before the first step, or in a pause the script announced
-    idle = now - max(p.last for p in reported)
-    if idle < limit:
+    if not stopped:
         return None
-    return Hang(f"no progress for {idle:.0f} s (limit {limit:g} s)", limit, tuple(seen))
+    names = ", ".join(f"rank {s.rank}" for s in stopped)
+    return Hang(f"{names} stopped (SIGSTOP) for {stopped[0].stopped_s:.0f} s", limit, tuple(seen))
 
 
 def evidence(
@@ -150,9 +290,14 @@ class Watch:
         node_rank: int,
         requeue: int,
         timeout: HangTimeout,
+        bounds: Bounds = Bounds(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._local, self._job, self._timeout, self._clock = local, job, timeout, clock
+        self._bounds = bounds
+        self._learned = Learned()
+        self._began: float | None = None  # when the attempt's workers were started
+        self._next_learn = 0.0
         self.node, self.node_rank, self.requeue = node, node_rank, requeue
         self.attempt = 0
         self._ranks: dict[int, int] = {}  # local rank -> global rank
@@ -182,7 +327,20 @@ class Watch:
         self.attempt, self._ranks = attempt, dict(ranks)
         self._stopped_since.clear()
         self.folder(attempt).mkdir(parents=True, exist_ok=True)
+        self._learned = self._learn()  # before this attempt's own begin is logged
+        self._next_learn = self._clock() + NOTE_S
         self._log_event(attempts.AttemptEvent(self.node, attempt, attempts.BEGIN, time.time()))
+        self._began = self._clock()
+
+    def _learn(self) -> Learned:
+        """The bounds' measures from the job folder: every save recorded, and every run's
+        attempts logs up to this one (a folder that cannot be read: nothing learned)."""
+        events = [
+            (requeue, event)
+            for requeue in range(self.requeue + 1)
+            for event in read_run(self._job.root, requeue).events
+        ]
+        return learn(saves.read(self._job.saves), events)
 
     def check(self, pids: Mapping[int, int]) -> Hang | None:
         """Look at the workers (local rank -> pid) if CHECK_S has passed: a hang, or None.
@@ -197,7 +355,17 @@ class Watch:
             self._answer_requests(seen)
         if now >= self._next_note and self.note(now):
             self._next_note = now + NOTE_S
-        return judge(seen, now, self._timeout)
+        checkpointing = any(
+            s.progress is not None and s.progress.stretch in (progress.SAVE, progress.LOAD)
+            for s in seen
+        )
+        if checkpointing and now >= self._next_learn:  # the saves of this attempt count too
+            self._next_learn = now + NOTE_S
+            slowest = learn(saves.read(self._job.saves), ()).slowest_save_s
+            self._learned = replace(self._learned, slowest_save_s=slowest)
+        return judge(
+            seen, now, self._timeout, bounds=self._bounds, learned=self._learned, began=self._began
+        )
 
     def _see(self, pids: Mapping[int, int], now: float) -> list[Seen]:
         folder = self.folder(self.attempt)
@@ -274,6 +442,7 @@ class Watch:
             culprits,
             how,
             str(stacks_file),
+            hang.stretch,
         )
         try:
             stacks_file.parent.mkdir(parents=True, exist_ok=True)

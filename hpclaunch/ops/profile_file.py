@@ -52,6 +52,18 @@ DESCRIPTIONS: Mapping[str, tuple[str, Any]] = {
         'Seconds without training progress before workers count as hung; "auto" or "off".',
         None,
     ),
+    "checkpoint_timeout": (
+        'Seconds a save or load through hpclaunch.checkpoint may take; "auto" or "off".',
+        None,
+    ),
+    "pause_timeout": (
+        'Seconds a pause (hpclaunch.progress.paused) may last; "auto" or "off".',
+        None,
+    ),
+    "first_step_timeout": (
+        'Seconds from an attempt\'s start to its first step; "auto" or "off".',
+        None,
+    ),
     "max_requeues": ("Requeue budget of the batch-step supervisor.", None),
     "max_failure_requeues": (
         "Requeues without bad nodes (preemptions and time limits do not count).",

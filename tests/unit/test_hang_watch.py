@@ -3,10 +3,18 @@ evidence against a rank, the verdict of the failure records, and what status say
 
 from __future__ import annotations
 
+import os
+import struct
+import time
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
+from hpclaunch import progress
+from hpclaunch.contract.values import PAUSE_S, STRETCH_FLOOR_S, STRETCH_MULTIPLE, UNSEEN_SAVE_S
 from hpclaunch.errors import SpecError
-from hpclaunch.jobdir import hangs
+from hpclaunch.jobdir import attempts, hangs, saves
 from hpclaunch.jobdir.failures import (
     HUNG,
     NOT_BLAMED,
@@ -16,7 +24,22 @@ from hpclaunch.jobdir.failures import (
     WorkerFailure,
     classify,
 )
-from hpclaunch.node.hangs import FLOOR_S, MULTIPLE, HangTimeout, Seen, evidence, judge
+from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.node.hangs import (
+    FLOOR_S,
+    MULTIPLE,
+    STRETCH_WORDS,
+    Bounds,
+    HangTimeout,
+    Learned,
+    Seen,
+    Watch,
+    evidence,
+    first_step_bound,
+    judge,
+    learn,
+    stretch_bound,
+)
 from hpclaunch.progress import Progress
 
 
@@ -165,3 +188,210 @@ def test_a_rank_on_its_way_out_is_no_evidence_against_it() -> None:
     assert stacks.waiting(threads) is False and not stacks.in_script(threads)
     running = stacks.parse(EXITING.replace("_exitfunc", "<module>"))
     assert stacks.in_script(running)
+
+
+# The stretches between steps (hpclaunch.node.hangs.Bounds): saves, loads, pauses, and
+# an attempt's first step.
+SAVE, LOAD, PAUSE = progress.SAVE, progress.LOAD, progress.PAUSE
+
+
+def in_stretch(rank: int, kind: str | None, since: float, *, count: int = 5) -> Seen:
+    """A worker in the stretch ``kind`` since ``since`` (out of one: the end of its last)."""
+    done = Progress(count, count, 1.0 if count else 0.0, 50.0 if count else 0.0, 0.2, True)
+    return Seen(rank, rank, 100 + rank, "S", replace(done, stretch=kind, since=since), 0.0)
+
+
+def test_each_stretch_has_its_bound_learned_given_or_off() -> None:
+    auto, learned = Bounds(), Learned(slowest_save_s=40.0)
+    assert stretch_bound(SAVE, auto, Learned()) == UNSEEN_SAVE_S  # no save seen yet
+    assert stretch_bound(SAVE, auto, learned) == STRETCH_MULTIPLE * 40.0
+    assert stretch_bound(LOAD, auto, Learned(slowest_save_s=2.0)) == STRETCH_FLOOR_S
+    assert stretch_bound(PAUSE, auto, learned) == PAUSE_S
+    given = Bounds(HangTimeout(30.0), HangTimeout(off=True), HangTimeout(20.0))
+    assert stretch_bound(SAVE, given, learned) == stretch_bound(LOAD, given, learned) == 30.0
+    assert stretch_bound(PAUSE, given, learned) is None
+
+
+def test_the_first_step_is_watched_once_the_job_has_stepped_unless_told() -> None:
+    auto = Bounds()
+    assert first_step_bound(auto, Learned()) is None  # never stepped: any start is fine
+    assert first_step_bound(auto, Learned(first_step_s=0.0)) == STRETCH_FLOOR_S
+    assert first_step_bound(auto, Learned(first_step_s=45.0)) == STRETCH_MULTIPLE * 45.0
+    assert first_step_bound(Bounds(first_step=HangTimeout(15.0)), Learned()) == 15.0
+    assert (
+        first_step_bound(Bounds(first_step=HangTimeout(off=True)), Learned(first_step_s=9.0))
+        is None
+    )
+
+
+def test_a_rank_past_its_stretchs_bound_is_a_hang_named_by_the_stretch() -> None:
+    bounds = Bounds(checkpoint=HangTimeout(30.0))
+    workers = [in_stretch(0, SAVE, 70.5), in_stretch(1, SAVE, 69.0)]
+    assert judge(workers, now=98.5, timeout=HangTimeout(5.0), bounds=bounds) is None
+    hang = judge(workers, now=100.0, timeout=HangTimeout(5.0), bounds=bounds)
+    assert hang is not None and hang.reason == "rank 1 in checkpoint save for 31 s (bound 30 s)"
+    assert hang.stretch == "in checkpoint save for 31 s (bound 30 s)" and hang.limit_s == 30.0
+    hang = judge(workers, now=101.0, timeout=HangTimeout(5.0), bounds=bounds)
+    assert hang is not None and hang.reason.startswith("ranks 0, 1 in checkpoint save for 32 s")
+    loading = [in_stretch(0, LOAD, 0.0, count=0), in_stretch(1, None, 0.0, count=0)]
+    hang = judge(loading, now=1801.0, timeout=HangTimeout())
+    assert hang is not None and hang.reason == "rank 0 in checkpoint load for 1801 s (bound 1800 s)"
+    pausing = [in_stretch(0, PAUSE, 0.0)]
+    assert judge(pausing, now=3599.0, timeout=HangTimeout(5.0)) is None
+    hang = judge(pausing, now=3601.0, timeout=HangTimeout(5.0))
+    assert hang is not None and "in a pause (hpclaunch.progress.paused) for 3601 s" in hang.reason
+    off = Bounds(pause=HangTimeout(off=True))
+    assert judge(pausing, now=99999.0, timeout=HangTimeout(5.0), bounds=off) is None
+
+
+def test_a_stretch_within_its_bound_is_no_hang_and_the_time_since_it_ended_counts() -> None:
+    """A save between two steps is judged by its own bound; after it, the time without a
+    step counts from its end, not from the step before it."""
+    saving = [in_stretch(0, SAVE, 60.0), in_stretch(1, None, 0.0)]  # last step at 50
+    assert judge(saving, now=100.0, timeout=HangTimeout(10.0)) is None
+    saved = [in_stretch(0, None, 95.0), in_stretch(1, None, 0.0)]  # the save ended at 95
+    assert judge(saved, now=100.0, timeout=HangTimeout(10.0)) is None
+    hang = judge(saved, now=106.0, timeout=HangTimeout(10.0))
+    assert hang is not None and hang.reason == "no progress for 11 s (limit 10 s)"
+    assert hang.stretch is None
+
+
+def test_a_stopped_worker_is_a_hang_in_a_stretch_too() -> None:
+    workers = [in_stretch(0, SAVE, 90.0), replace(in_stretch(1, SAVE, 90.0), stopped_s=12.0)]
+    hang = judge(workers, now=100.0, timeout=HangTimeout(10.0))
+    assert hang is not None and hang.reason == "rank 1 stopped (SIGSTOP) for 12 s"
+
+
+def test_an_attempt_with_no_first_step_is_a_hang_past_the_first_step_bound() -> None:
+    starting = [in_stretch(0, None, 0.0, count=0), in_stretch(1, None, 0.0, count=0)]
+    stepped = Learned(first_step_s=2.0)  # an earlier attempt stepped 2 s after its start
+    bounds = Bounds()
+    assert judge(starting, 10_000.0, HangTimeout(), bounds=bounds, began=100.0) is None
+    assert judge(starting, 399.0, HangTimeout(), learned=stepped, began=100.0) is None
+    hang = judge(starting, 401.0, HangTimeout(), learned=stepped, began=100.0)
+    assert hang is not None and hang.reason == "no first step for 301 s (bound 300 s)"
+    assert hang.stretch == "with no first step for 301 s (bound 300 s)"
+    # Not before the attempt is known to have begun, nor while a rank is in a stretch
+    # (its own bound holds), and counted from that stretch's end.
+    assert judge(starting, 401.0, HangTimeout(), learned=stepped) is None
+    loading = [in_stretch(0, LOAD, 150.0, count=0), in_stretch(1, None, 0.0, count=0)]
+    assert judge(loading, 401.0, HangTimeout(), learned=stepped, began=100.0) is None
+    loaded = [in_stretch(0, None, 250.0, count=0), in_stretch(1, None, 0.0, count=0)]
+    assert judge(loaded, 549.0, HangTimeout(), learned=stepped, began=100.0) is None
+    assert judge(loaded, 551.0, HangTimeout(), learned=stepped, began=100.0) is not None
+    # A user's bound watches even the job's very first attempt.
+    told = Bounds(first_step=HangTimeout(15.0))
+    assert judge(starting, 116.0, HangTimeout(), bounds=told, began=100.0) is not None
+
+
+def event(node: str, attempt: int, kind: str, at: float) -> attempts.AttemptEvent:
+    return attempts.AttemptEvent(node, attempt, kind, at)
+
+
+def record_of_save(total_s: float) -> saves.SaveRecord:
+    return saves.SaveRecord(9, True, False, total_s, total_s, 1024, 4, 1000.0)
+
+
+def test_the_bounds_learn_the_jobs_slowest_save_and_longest_start() -> None:
+    assert learn([], []) == Learned(None, None)
+    runs = [
+        (0, event("n1", 0, attempts.BEGIN, 100.0)),
+        (0, event("n2", 0, attempts.BEGIN, 101.0)),
+        (0, event("n1", 0, attempts.FIRST, 104.0)),
+        (0, event("n2", 0, attempts.FIRST, 108.0)),  # n2's start took 7 s
+        (0, event("n1", 0, attempts.END, 200.0)),
+        (1, event("n1", 0, attempts.BEGIN, 300.0)),
+        (1, event("n1", 0, attempts.FIRST, 306.0)),  # another run: timed on its own
+        (1, event("n1", 1, attempts.BEGIN, 400.0)),  # begun, never stepped
+    ]
+    found = learn([record_of_save(3.5), record_of_save(12.25)], runs)
+    assert found == Learned(slowest_save_s=12.25, first_step_s=7.0)
+    # A first step whose begin is not in the log: the job stepped, its start untimed.
+    assert learn([], [(0, event("n1", 2, attempts.FIRST, 5.0))]) == Learned(None, 0.0)
+
+
+def test_status_names_the_stretch_the_hang_was_in() -> None:
+    ranks = (at_hang(0, True), at_hang(1, False))
+    words = "in checkpoint save for 31 s (bound 30 s)"
+    named = replace(report("n1", ranks, (1,)), stretch=words)
+    [first] = hangs.first_hung([named, report("n2", (at_hang(2, True), at_hang(3, True)), ())])
+    assert hangs.describe(first).startswith(
+        "attempt 0: rank 1 on n1 hung in checkpoint save for 31 s (bound 30 s), after step 12 "
+        "(not waiting in a collective at f (t.py:1)); 3 of the 4 ranks read waited"
+    )
+    nobody = replace(report("n1", (at_hang(0, True),), ()), stretch=words)
+    [first] = hangs.first_hung([nobody])
+    assert hangs.describe(first).startswith(
+        f"attempt 0: the workers hung {words}, no rank named (no rank was seen outside"
+    )
+
+
+def test_the_board_says_the_stretch_and_since_when(tmp_path: Path) -> None:
+    path = str(tmp_path / "local-0.progress")
+    board = progress._Board(path)
+    assert progress.read(path) == Progress(0, -1, 0.0, 0.0, 0.0, False, pid=board.pid)
+    assert board.set_stretch(SAVE)
+    saving = progress.read(path)
+    assert saving is not None and saving.stretch == SAVE and saving.paused and saving.since > 0
+    assert not board.set_stretch(LOAD)  # inside a save: the save's bound holds
+    assert progress.read(path) == saving
+    board.beat(None)  # a step's write keeps the stretch
+    stepped = progress.read(path)
+    assert stepped is not None and (stepped.count, stepped.stretch) == (1, SAVE)
+    assert board.set_stretch(None) and not board.set_stretch(None)
+    ended = progress.read(path)
+    assert ended is not None and ended.stretch is None and ended.since >= saving.since
+    # The layout before the stretch (its magic, its size) is no progress, never misread.
+    before = struct.Struct("<4sIqqdddqqqi").pack(b"HPCr", 0, 3, 3, 1.0, 2.0, 0.5, 1, -1, -1, 0)
+    (tmp_path / "old.progress").write_bytes(before + bytes(12))
+    assert progress.read(str(tmp_path / "old.progress")) is None
+
+
+def test_a_stretch_kind_is_one_the_watch_knows() -> None:
+    with pytest.raises(ValueError, match="'lunch' is none of pause, save, load"):
+        progress.set_paused(True, "lunch")
+    assert set(STRETCH_WORDS) == set(progress.STRETCHES)
+
+
+@pytest.mark.parametrize("field", ["checkpoint_timeout", "pause_timeout", "first_step_timeout"])
+def test_a_bad_stretch_timeout_names_its_option(field: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        HangTimeout.parse("0.1", field)
+    assert raised.value.field == field and "'0.1'" in raised.value.message
+    assert HangTimeout.parse("off", field).off and HangTimeout.parse("12", field).seconds == 12
+
+
+def test_a_watch_takes_its_bounds_from_the_job_folder(tmp_path: Path) -> None:
+    """A node's watch of a requeued run learns from the folder the earlier run wrote: its
+    slowest save (40 s: saves get 400 s) and its longest start (45 s: 450 s), and judges
+    this process as its one worker, through the worker's own board."""
+    job = JobFolder(tmp_path / "job")
+    job.root.mkdir()
+    saves.append(job.saves, record_of_save(40.0))
+    attempts.append(job, 0, event("n1", 0, attempts.BEGIN, 100.0))
+    attempts.append(job, 0, event("n1", 0, attempts.FIRST, 145.0))
+    base, later = time.monotonic(), [0.0]
+    watch = Watch(
+        tmp_path / "local",
+        job,
+        node="n1",
+        node_rank=0,
+        requeue=1,
+        timeout=HangTimeout(),
+        clock=lambda: base + later[0],
+    )
+    watch.begin(0, {0: 0})
+    board = progress._Board(watch.worker_env(0, 0)[progress.PROGRESS_FILE])
+    me = {0: os.getpid()}
+    board.set_stretch(LOAD)  # as load_latest does, now: a load's bound holds from its start
+    later[0] = 399.0
+    assert watch.check(me) is None
+    later[0] = 401.0
+    hang = watch.check(me)
+    assert hang is not None and hang.reason == "rank 0 in checkpoint load for 401 s (bound 400 s)"
+    board.set_stretch(None)  # out of it (the real clock: at once), no step yet
+    later[0] = 449.0
+    assert watch.check(me) is None
+    later[0] = 451.0
+    hang = watch.check(me)
+    assert hang is not None and hang.reason == "no first step for 451 s (bound 450 s)"
