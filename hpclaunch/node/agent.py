@@ -129,8 +129,9 @@ def after_run(
     status: int, ctx: NodeContext, opts: AgentSettings, env: Mapping[str, str], slurm: Slurm
 ) -> int:
     """The exit status of a supervised agent whose run ended with ``status``, noted in
-    the job folder for the supervisor (hpclaunch.recovery.stops); in a --no-kill job
-    whose batch host is lost, this agent may end or requeue the job in its place."""
+    the job folder for the supervisor (hpclaunch.recovery.stops); when the supervisor
+    has stopped answering (or, in a --no-kill job, its batch host is lost), this agent
+    may end or requeue the job in its place (hpclaunch.recovery.deputy)."""
     from hpclaunch.jobdir import agent_ends
     from hpclaunch.jobdir.agent_ends import AgentEnd
     from hpclaunch.node.stop_notes import uncaught
@@ -147,8 +148,6 @@ def after_run(
             )
         except OSError as exc:
             log.warning("could not note this agent's end in %s: %s", job_dir, exc)
-        if not opts.no_kill:
-            return status
         return deputy.after_agent(
             status,
             job_id=ctx.job_id,
@@ -157,6 +156,7 @@ def after_run(
             job_dir=job_dir,
             slurm=slurm,
             env=env,
+            no_kill=opts.no_kill,
         )
 
 

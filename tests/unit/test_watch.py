@@ -1,0 +1,168 @@
+"""The layers' watch (hpclaunch.recovery.watch): the bound from the environment, the
+pure judgement of what the supervisor has seen, the heartbeat file, and an agent's
+look at it. The stopped processes themselves are stopped on the sandbox
+(tests/integration/test_stopped_layers.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.jobdir import heartbeat
+from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.recovery import policy
+from hpclaunch.recovery.watch import Seen, judge, supervisor_silent
+
+NODES = ("n1", "n2", "n3")
+BOUND = 30.0
+
+
+def seen(**kw: object) -> Seen:
+    fields: dict[str, object] = {
+        "nodes": NODES,
+        "started": 0.0,
+        "changed": {},
+        "ended": {},
+        "statuses": {},
+        "srun_stopped": None,
+    }
+    fields.update(kw)
+    return Seen(**fields)  # type: ignore[arg-type]
+
+
+def test_agents_that_note_progress_are_left_alone() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 95.0, "n3": 101.0})
+    assert judge(view, 120.0, BOUND).stall is None and not judge(view, 120.0, BOUND).warn
+
+
+def test_slow_notes_of_every_agent_single_out_none() -> None:
+    # Everyone silent at once: a job folder that took no notes looks the same.
+    view = seen(changed={"n1": 10.0, "n2": 10.0, "n3": 10.0})
+    judged = judge(view, 100.0, BOUND)
+    assert judged.stall is None and judged.warn == ()
+
+
+def test_an_agent_silent_while_others_go_on_is_named_once_and_nothing_is_ended() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0})
+    judged = judge(view, 100.0, BOUND)
+    assert judged.warn == ("n2",) and judged.live == ("n1", "n3") and judged.stall is None
+    again = judge(seen(changed=view.changed, flagged=frozenset({"n2"})), 101.0, BOUND)
+    assert again.warn == () and again.stall is None
+
+
+def test_a_named_agent_ends_the_step_once_the_others_fall_silent_too() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0}, flagged=frozenset({"n2"}))
+    assert judge(view, 129.0, BOUND).stall is None  # n1 and n3 within the bound
+    stall = judge(view, 131.5, BOUND).stall
+    assert stall is not None and stall.kind == "agent" and stall.nodes == ("n2",)
+    assert not stall.finished and stall.message.startswith("the agent on n2 noted no progress")
+
+
+def test_an_agent_that_outlives_the_others_ends_by_the_bound_after_their_ends() -> None:
+    view = seen(
+        changed={"n1": 50.0, "n2": 50.0, "n3": 50.0},
+        ended={"n1": 100.0, "n3": 101.0},
+        statuses={"n1": 0, "n3": 0},
+    )
+    assert judge(view, 130.0, BOUND).stall is None  # a healthy agent ends soon after
+    stall = judge(view, 131.0, BOUND).stall
+    assert stall is not None and stall.nodes == ("n2",) and stall.statuses is None
+
+
+def test_srun_stopped_for_the_bound_is_killed() -> None:
+    assert (
+        judge(seen(srun_stopped=10.0, changed={n: 35.0 for n in NODES}), 39.0, BOUND).stall is None
+    )
+    stall = judge(seen(srun_stopped=10.0, changed={n: 35.0 for n in NODES}), 40.0, BOUND).stall
+    assert stall is not None and stall.kind == "srun" and not stall.finished
+    assert "was stopped (state T) for 30 s; the supervisor killed it" in stall.message
+
+
+def test_srun_left_after_every_agent_ended_is_killed_and_their_statuses_stand() -> None:
+    ends = {"ended": {"n1": 10.0, "n2": 12.0, "n3": 11.0}, "statuses": {"n1": 0, "n2": 0, "n3": 1}}
+    assert judge(seen(**ends), 41.0, BOUND).stall is None
+    stall = judge(seen(**ends), 42.0, BOUND).stall
+    assert stall is not None and stall.kind == "srun" and stall.finished
+    assert stall.statuses == {"n1": 0, "n2": 0, "n3": 1}
+    assert "had not exited 30 s after every agent noted its end" in stall.message
+
+
+def test_the_policy_requeues_without_a_silent_agent_and_after_a_stuck_srun() -> None:
+    base = policy.Situation(137, None, 0, None, 3)
+    silent = policy.decide(policy.Situation(137, None, 0, None, 3, silent=("n2",)))
+    assert silent == policy.Decision(policy.Action.REQUEUE, policy.Reason.AGENT_SILENT, 0, ("n2",))
+    stuck = policy.decide(policy.Situation(137, None, 0, None, 3, srun_stuck=True))
+    assert stuck == policy.Decision(policy.Action.REQUEUE, policy.Reason.SRUN_STUCK, 0)
+    spent = policy.Situation(137, None, 3, None, 3, silent=("n2",))
+    assert policy.decide(spent).action is policy.Action.GIVE_UP
+    assert policy.decide(base).reason is policy.Reason.FAILED
+
+
+def test_the_heartbeat_is_rewritten_in_place_at_one_size(tmp_path: Path) -> None:
+    folder = JobFolder(tmp_path)
+    assert heartbeat.read(folder, 0) is None
+    beat = heartbeat.Beat(folder, 0, 20.0)
+    beat.beat()
+    first = heartbeat.read(folder, 0)
+    inode = os.stat(heartbeat.path(folder, 0)).st_ino
+    beat.beat()
+    second = heartbeat.read(folder, 0)
+    beat.close()
+    assert first and second and first != second and len(first) == len(second)
+    assert os.stat(heartbeat.path(folder, 0)).st_ino == inode
+    assert second.split() == [str(os.getpid()).encode(), b"2", b"20"]
+    assert heartbeat.bound_s(second) == 20.0 and heartbeat.bound_s(b"12 3") is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_an_agent_sees_a_live_supervisor_at_its_next_beat(tmp_path: Path) -> None:
+    folder, clock = JobFolder(tmp_path), Clock()
+    beat = heartbeat.Beat(folder, 0, 20.0)
+    beat.beat()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 1.0 and beat.sequence == 1:
+            beat.beat()
+
+    assert supervisor_silent(tmp_path, 0, clock, sleep) is None
+    assert clock.now < 2.0
+    beat.close()
+
+
+def test_an_agent_calls_a_still_heartbeat_silent_after_the_bound(tmp_path: Path) -> None:
+    clock = Clock()
+    beat = heartbeat.Beat(JobFolder(tmp_path), 0, 20.0)
+    beat.beat()
+    beat.close()
+    waited = supervisor_silent(tmp_path, 0, clock, clock.sleep)
+    assert waited is not None and 20.0 <= waited < 21.0
+
+
+def test_no_heartbeat_is_no_verdict(tmp_path: Path) -> None:
+    clock = Clock()
+    assert supervisor_silent(tmp_path, 0, clock, clock.sleep) is None and clock.now == 0
+
+
+def test_the_watch_timeout_goes_from_the_job_to_the_supervisor() -> None:
+    from hpclaunch.errors import SpecError
+    from hpclaunch.job.render import supervisor_settings
+    from hpclaunch.job.spec import JobSpec
+
+    assert "--watch-timeout" not in supervisor_settings(JobSpec("t.py")).to_argv()
+    argv = supervisor_settings(JobSpec("t.py", watch_timeout_s=120)).to_argv()
+    assert argv[argv.index("--watch-timeout") + 1] == "120"
+    with pytest.raises(SpecError, match="5 is below the minimum of 20"):
+        JobSpec("t.py", watch_timeout_s=5)
