@@ -39,7 +39,7 @@ from pathlib import Path
 
 from hpclaunch import procs
 from hpclaunch.contract.supervisor import DEFAULT_WATCH_TIMEOUT_S
-from hpclaunch.jobdir import heartbeat
+from hpclaunch.jobdir import heartbeat, silent_agents
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.record.job_record import read_run
 
@@ -205,6 +205,7 @@ class StepWatch:
         judgement = judge(seen, now, self.bound)
         for node in judgement.warn:
             self._flagged.add(node)
+            self._note_silent(node, judgement.live)
             log.warning(
                 "supervisor: warning: the agent on %s has noted no progress for %g s "
                 "while the agents on %s go on (a stopped or stuck agent: its workers "
@@ -215,6 +216,14 @@ class StepWatch:
                 ", ".join(judgement.live),
             )
         return judgement.stall
+
+    def _note_silent(self, node: str, live: tuple[str, ...]) -> None:
+        """For ``hpclaunch status``; the batch log's line says it either way."""
+        note = silent_agents.SilentAgent(node, time.time(), self.bound, live)
+        try:
+            silent_agents.write(JobFolder(self.job_dir), self.requeue, note)
+        except OSError as exc:
+            log.debug("supervisor: could not note the silent agent: %s", exc)
 
     def _read(self, now: float) -> None:
         run = read_run(self.job_dir, self.requeue)

@@ -20,6 +20,7 @@ import pytest
 from hpclaunch import procs
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.slurm.hostlist import expand
+from tests.integration.helpers import wait_for
 from tests.integration.sandbox_fixture import Running
 from tests.integration.test_agent_death import _agent_of, _job_processes, _srun_of
 from tests.integration.training_jobs import EXAMPLES, Job, digest_of
@@ -75,6 +76,12 @@ def test_a_stopped_agent_is_noticed_and_the_job_is_requeued_without_its_node(
     job.wait_checkpoint(9)
     node = expand(job.fields()["NodeList"])[1]
     with stopped(job, _agent_of(job, 1)) as since:
+        # Named in status while the others train on (its workers may still be training).
+        wait_for(
+            lambda: f"note: run 0: the agent on {node} noted no progress" in job.status(),
+            timeout_s=90,
+            what=f"hpclaunch status to name the agent on {node}",
+        )
         assert job.wait_end() == "COMPLETED", job.log
         # noticed after the bound, acted on once the others stopped noting progress:
         # well before the time limit, the others' exit barrier (300 s) or any test wait

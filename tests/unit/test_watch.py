@@ -5,6 +5,7 @@ look at it. The stopped processes themselves are stopped on the sandbox
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -166,3 +167,33 @@ def test_the_watch_timeout_goes_from_the_job_to_the_supervisor() -> None:
     assert argv[argv.index("--watch-timeout") + 1] == "120"
     with pytest.raises(SpecError, match="5 is below the minimum of 20"):
         JobSpec("t.py", watch_timeout_s=5)
+
+
+def test_status_names_a_silent_agent_while_its_run_goes_on(tmp_path: Path) -> None:
+    from hpclaunch.jobdir import agent_ends, silent_agents
+    from hpclaunch.jobdir.agent_ends import AgentEnd
+    from hpclaunch.jobdir.history import History, Run
+    from hpclaunch.ops.status import gather
+    from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
+
+    job_dir = tmp_path / "logs" / "7"
+    folder = JobFolder(job_dir)
+    folder.root.mkdir(parents=True)
+    history = History(7, 3, runs=[Run(0, "n[1-2]", 1000.0)])
+    folder.history.write_text(json.dumps(history.to_json()))
+    silent_agents.write(folder, 0, silent_agents.SilentAgent("n2", 1100.0, 60.0, ("n1",)))
+
+    def scontrol(state: str) -> Slurm:
+        line = f"JobId=7 JobName=t JobState={state} Restarts=0 NodeList=n[1-2] ExitCode=0:0"
+        return Slurm(FakeRunner({"scontrol": lambda argv: CommandResult(argv, 0, line + "\n")}))
+
+    env = {"HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    running = gather(7, scontrol("RUNNING"), env, job_dir, now=1200.0)
+    [note] = [n for n in running.notes if "n2" in n]
+    assert note.startswith(
+        "run 0: the agent on n2 noted no progress for 60 s while the agents on n1 go on"
+    )
+    # Its end noted, or the job over: the history says the rest.
+    assert not [n for n in gather(7, scontrol("COMPLETED"), env, job_dir).notes if "n2" in n]
+    agent_ends.write(folder, 0, AgentEnd("n2", 0))
+    assert not [n for n in gather(7, scontrol("RUNNING"), env, job_dir).notes if "n2" in n]
