@@ -244,7 +244,7 @@ class Supervisor:
                 unseen is not None,
                 result.stall.nodes if result.stall and not result.stall.finished else (),
                 result.stall is not None
-                and result.stall.kind == "srun"
+                and result.stall.kind is watch.StallKind.SRUN
                 and not result.stall.finished,
             )
         )
@@ -257,6 +257,15 @@ class Supervisor:
     def _stalled(self, result: StepResult, stall: watch.Stall) -> StepResult:
         """The step as the watch ended it: srun's SIGKILL is the supervisor's own doing;
         when every agent had noted its end, the step ended as they say."""
+        if stall.kind is watch.StallKind.AGENT and stall.others:
+            try:
+                found = watch.finished_without_lost(stall, self.slurm.node_states())
+            except SlurmError as exc:
+                log.warning("supervisor: could not ask SLURM whether a node is lost: %s", exc)
+                found = None
+            if found is not None:
+                log.info("supervisor: %s", found.message)
+                stall = found
         self.stalled = stall.message
         if stall.statuses is not None:
             failed = [status for status in stall.statuses.values() if status != 0]

@@ -30,6 +30,7 @@ supervisor writes it into its heartbeat, where the agents read it. No torch.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import time
@@ -42,6 +43,7 @@ from hpclaunch.contract.supervisor import DEFAULT_WATCH_TIMEOUT_S
 from hpclaunch.jobdir import heartbeat, silent_agents
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.record.job_record import read_run
+from hpclaunch.slurm.commands import NodeState
 
 log = logging.getLogger("hpclaunch.recovery.supervisor")  # the supervisor's lines
 
@@ -51,20 +53,47 @@ BEAT_S = 1.0  # between two heartbeats of the supervisor
 LOOK_S = 0.5  # between two looks at the heartbeat by an agent
 
 
+class StallKind(enum.Enum):
+    SRUN = "srun"  # srun stopped, or left running after every agent ended
+    AGENT = "agent"  # agents that stopped noting progress
+
+
 @dataclass(frozen=True)
 class Stall:
     """Why the supervisor ended the step."""
 
-    kind: str  # "srun": srun stuck; "agent": agents silent
+    kind: StallKind
     message: str  # for the batch log and the history's error
-    nodes: tuple[str, ...] = ()  # the silent agents' nodes ("agent")
-    # The statuses every agent of the run noted, when each did ("srun" only).
+    nodes: tuple[str, ...] = ()  # the silent agents' nodes (AGENT)
+    # The statuses every agent of the run noted, when each did: the step's outcome.
     statuses: Mapping[str, int] | None = None
+    # The statuses the other agents noted (AGENT): the silent ones' peers.
+    others: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
         """Every agent noted its end: the step's outcome is known without srun."""
         return self.statuses is not None
+
+
+def finished_without_lost(stall: Stall, states: Mapping[str, NodeState]) -> Stall | None:
+    """``stall`` as finished when its silent agents are on nodes SLURM says are lost
+    (down, failed, not responding) and every other agent ended 0: a ``--nodes MIN:MAX
+    --no-kill`` job whose survivors trained on without them; srun only waited for SLURM
+    to notice. None otherwise (a stopped agent on a live node: its workers' end is not
+    known). Pure."""
+    if stall.kind is not StallKind.AGENT or not stall.others:
+        return None
+    if any(status != 0 for status in stall.others.values()):
+        return None
+    if not all(node in states and states[node].lost for node in stall.nodes):
+        return None
+    lost = ", ".join(stall.nodes)
+    message = (
+        f"the agent on {lost} noted nothing, and SLURM says {lost} is lost; every other "
+        "agent ended 0: the training finished without it"
+    )
+    return Stall(stall.kind, message, stall.nodes, dict(stall.others), stall.others)
 
 
 @dataclass(frozen=True)
@@ -94,10 +123,10 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     statuses = dict(seen.statuses) if all(n in seen.statuses for n in nodes) else None
     if statuses is not None and last_end is not None and now - last_end >= bound:
         what = f"had not exited {bound:g} s after every agent noted its end"
-        return Judgement(stall=Stall("srun", _srun_stuck(what), (), statuses))
+        return Judgement(stall=Stall(StallKind.SRUN, _srun_stuck(what), (), statuses))
     if seen.srun_stopped is not None and now - seen.srun_stopped >= bound:
         what = f"was stopped (state T) for {bound:g} s"
-        return Judgement(stall=Stall("srun", _srun_stuck(what), (), statuses))
+        return Judgement(stall=Stall(StallKind.SRUN, _srun_stuck(what), (), statuses))
     since_end = last_end if last_end is not None else -math.inf
     quiet = [
         n
@@ -121,7 +150,8 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
         f"the agent on {which} noted no progress and no end for {bound:g} s or more "
         "while the others went on; the supervisor ended the step"
     )
-    return Judgement(stall=Stall("agent", message, silent))
+    others = {n: s for n, s in seen.statuses.items() if n not in silent}
+    return Judgement(stall=Stall(StallKind.AGENT, message, silent, None, others))
 
 
 def _srun_stuck(what: str) -> str:

@@ -14,7 +14,13 @@ import pytest
 from hpclaunch.jobdir import heartbeat
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.recovery import policy
-from hpclaunch.recovery.watch import Seen, judge, supervisor_silent
+from hpclaunch.recovery.watch import (
+    Seen,
+    StallKind,
+    finished_without_lost,
+    judge,
+    supervisor_silent,
+)
 
 NODES = ("n1", "n2", "n3")
 BOUND = 30.0
@@ -57,7 +63,7 @@ def test_a_named_agent_ends_the_step_once_the_others_fall_silent_too() -> None:
     view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0}, flagged=frozenset({"n2"}))
     assert judge(view, 129.0, BOUND).stall is None  # n1 and n3 within the bound
     stall = judge(view, 131.5, BOUND).stall
-    assert stall is not None and stall.kind == "agent" and stall.nodes == ("n2",)
+    assert stall is not None and stall.kind is StallKind.AGENT and stall.nodes == ("n2",)
     assert not stall.finished and stall.message.startswith("the agent on n2 noted no progress")
 
 
@@ -72,12 +78,32 @@ def test_an_agent_that_outlives_the_others_ends_by_the_bound_after_their_ends() 
     assert stall is not None and stall.nodes == ("n2",) and stall.statuses is None
 
 
+def test_agents_on_a_lost_node_leave_the_others_ends_standing() -> None:
+    from hpclaunch.slurm.commands import NodeState
+
+    view = seen(
+        changed={"n1": 50.0, "n2": 50.0, "n3": 50.0},
+        ended={"n1": 100.0, "n3": 101.0},
+        statuses={"n1": 0, "n3": 0},
+    )
+    stall = judge(view, 131.0, BOUND).stall
+    assert stall is not None and stall.others == {"n1": 0, "n3": 0}
+    down = {"n2": NodeState("down")}
+    done = finished_without_lost(stall, down)
+    assert done is not None and done.finished and done.statuses == {"n1": 0, "n3": 0}
+    assert "SLURM says n2 is lost" in done.message
+    assert finished_without_lost(stall, {"n2": NodeState("mixed")}) is None  # alive: stopped
+    assert finished_without_lost(stall, {}) is None  # not known
+    failed = judge(seen(**{**view.__dict__, "statuses": {"n1": 0, "n3": 1}}), 131.0, BOUND).stall
+    assert failed is not None and finished_without_lost(failed, down) is None
+
+
 def test_srun_stopped_for_the_bound_is_killed() -> None:
     assert (
         judge(seen(srun_stopped=10.0, changed={n: 35.0 for n in NODES}), 39.0, BOUND).stall is None
     )
     stall = judge(seen(srun_stopped=10.0, changed={n: 35.0 for n in NODES}), 40.0, BOUND).stall
-    assert stall is not None and stall.kind == "srun" and not stall.finished
+    assert stall is not None and stall.kind is StallKind.SRUN and not stall.finished
     assert "was stopped (state T) for 30 s; the supervisor killed it" in stall.message
 
 
@@ -85,7 +111,7 @@ def test_srun_left_after_every_agent_ended_is_killed_and_their_statuses_stand() 
     ends = {"ended": {"n1": 10.0, "n2": 12.0, "n3": 11.0}, "statuses": {"n1": 0, "n2": 0, "n3": 1}}
     assert judge(seen(**ends), 41.0, BOUND).stall is None
     stall = judge(seen(**ends), 42.0, BOUND).stall
-    assert stall is not None and stall.kind == "srun" and stall.finished
+    assert stall is not None and stall.kind is StallKind.SRUN and stall.finished
     assert stall.statuses == {"n1": 0, "n2": 0, "n3": 1}
     assert "had not exited 30 s after every agent noted its end" in stall.message
 
