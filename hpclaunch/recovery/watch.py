@@ -9,10 +9,12 @@ stuck on a dead NFS mount, a deadlock) never holds the allocation until the time
     agent of the run noted its end: srun is killed and the supervisor goes on with what
     the agents noted (all ended 0: the training finished);
   * an agent that noted nothing for the bound while another agent's notes go on is
-    named in the batch log, once (its workers may still be training: nothing is done);
-    when no agent's notes go on any more (the others ended, or were silent for the
-    bound too), the step is ended (srun killed) and the job requeued without the
-    silent agent's node, as after a dead agent. Whether its workers finished cannot
+    named in the batch log and status, once (its workers may still be training:
+    nothing is done); an agent whose workers ended (its attempts log's end) is waiting
+    for the others at torch's exit barrier, not silent. When no agent's notes go on
+    any more (the others ended, their workers ended, or they were silent for the bound
+    too), the step is ended (srun killed) and the job requeued without the silent
+    agent's node, as after a dead agent. Whether its workers finished cannot
     be told from the batch host, so a finished training is never assumed: the next
     run resumes from the latest checkpoint. When every agent falls silent at once, no
     agent is singled out (a job folder that stopped taking notes looks the same): the
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from hpclaunch import procs
 from hpclaunch.contract.supervisor import DEFAULT_WATCH_TIMEOUT_S
-from hpclaunch.jobdir import heartbeat, silent_agents
+from hpclaunch.jobdir import attempts, heartbeat, silent_agents
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.record.job_record import read_run
 from hpclaunch.slurm.commands import NodeState
@@ -107,6 +109,9 @@ class Seen:
     statuses: Mapping[str, int]  # node -> the status its end note says
     srun_stopped: float | None  # since when srun is seen stopped (state T)
     flagged: frozenset[str] = frozenset()  # named silent while others went on
+    # node -> since when its workers are seen ended (its attempts log's end or stop),
+    # while the agent waits for the others (torch's exit barrier: up to 300 s)
+    resting: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,22 +132,36 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     if seen.srun_stopped is not None and now - seen.srun_stopped >= bound:
         what = f"was stopped (state T) for {bound:g} s"
         return Judgement(stall=Stall(StallKind.SRUN, _srun_stuck(what), (), statuses))
-    since_end = last_end if last_end is not None else -math.inf
-    quiet = [
-        n
-        for n in nodes
-        if n not in seen.ended
-        and now - max(seen.changed.get(n, seen.started), seen.started, since_end) >= bound
-    ]
-    live = tuple(n for n in nodes if n not in seen.ended and n not in quiet)
-    if not quiet:
-        return Judgement()
+    rested = [*seen.ended.values(), *seen.resting.values()]
+    last_rest = max(rested, default=-math.inf)
+
+    def since(node: str) -> float:
+        """When ``node``'s silence counts from: its last note, or, unless it was already
+        named, the latest end or rest of another agent (it may be the next to end)."""
+        changed = max(seen.changed.get(node, seen.started), seen.started)
+        return changed if node in seen.flagged else max(changed, last_rest)
+
+    running = [n for n in nodes if n not in seen.ended and n not in seen.resting]
+    quiet = [n for n in running if now - since(n) >= bound]
+    live = tuple(n for n in running if n not in quiet)
     if live:
         fresh = tuple(n for n in quiet if n not in seen.flagged)
         return Judgement(warn=fresh, live=live)
-    # Nobody's notes go on. Single out only agents that fell silent while others went
-    # on, or that outlived the others' ends by the bound.
-    silent = tuple(n for n in quiet if n in seen.flagged) or (tuple(quiet) if seen.ended else ())
+    # Nobody's notes go on. Single out agents that fell silent while others went on; or,
+    # once others ended or rested, agents that noted progress before and nothing since
+    # (a script that reports no progress writes no notes: such an agent could be busy);
+    # or agents whose workers ended that outlived the others' ends by the bound.
+    silent = [n for n in quiet if n in seen.flagged]
+    if not silent and rested:
+        silent = [n for n in quiet if n in seen.changed]
+    if last_end is not None:
+        silent += [
+            n
+            for n in nodes
+            if n in seen.resting
+            and n not in seen.ended
+            and now - max(last_end, seen.resting[n]) >= bound
+        ]
     if not silent:
         return Judgement()
     which = ", ".join(silent)
@@ -151,7 +170,7 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
         "while the others went on; the supervisor ended the step"
     )
     others = {n: s for n, s in seen.statuses.items() if n not in silent}
-    return Judgement(stall=Stall(StallKind.AGENT, message, silent, None, others))
+    return Judgement(stall=Stall(StallKind.AGENT, message, tuple(silent), None, others))
 
 
 def _srun_stuck(what: str) -> str:
@@ -179,6 +198,7 @@ class StepWatch:
     _statuses: dict[str, int] = field(default_factory=dict)
     _srun_stopped: float | None = None
     _flagged: set[str] = field(default_factory=set)
+    _resting: dict[str, float] = field(default_factory=dict)
     _beat_failed: bool = False
 
     def beat(self) -> None:
@@ -231,6 +251,7 @@ class StepWatch:
             dict(self._statuses),
             self._srun_stopped,
             frozenset(self._flagged),
+            dict(self._resting),
         )
         judgement = judge(seen, now, self.bound)
         for node in judgement.warn:
@@ -261,6 +282,12 @@ class StepWatch:
             if self._notes.get(note.node) != note.time:
                 self._notes[note.node] = note.time
                 self._changed[note.node] = now
+        latest = {event.node: event.event for event in run.events}  # by attempt and time
+        for node, event in latest.items():
+            if event in (attempts.END, attempts.STOP):
+                self._resting.setdefault(node, now)
+            else:
+                self._resting.pop(node, None)
         for end in run.ends:
             if end.node not in self._ended:
                 self._ended[end.node] = now

@@ -78,6 +78,35 @@ def test_an_agent_that_outlives_the_others_ends_by_the_bound_after_their_ends() 
     assert stall is not None and stall.nodes == ("n2",) and stall.statuses is None
 
 
+def test_agents_whose_workers_ended_are_waiting_not_silent() -> None:
+    # n1's rank 0 evaluates on after the training while n2 and n3 wait at torch's exit
+    # barrier (their attempts logs say their workers ended): no one is named.
+    view = seen(changed={"n1": 100.0, "n2": 40.0, "n3": 41.0}, resting={"n2": 45.0, "n3": 46.0})
+    judged = judge(view, 120.0, BOUND)
+    assert judged.warn == () and judged.stall is None
+
+
+def test_a_named_agent_ends_the_step_as_soon_as_the_others_workers_end() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0}, flagged=frozenset({"n2"}))
+    resting = seen(**{**view.__dict__, "resting": {"n1": 105.0, "n3": 105.0}})
+    stall = judge(resting, 106.0, BOUND).stall
+    assert stall is not None and stall.nodes == ("n2",)
+
+
+def test_an_agent_that_never_noted_is_not_taken_for_a_stopped_one() -> None:
+    # A script that reports no progress: no notes from anyone; n2 runs on after the
+    # others ended (a long evaluation, say): nothing says it is stopped.
+    view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0})
+    assert judge(view, 1000.0, BOUND).stall is None
+
+
+def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent() -> None:
+    view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0}, resting={"n2": 90.0})
+    assert judge(view, 129.0, BOUND).stall is None
+    stall = judge(view, 130.0, BOUND).stall
+    assert stall is not None and stall.nodes == ("n2",)
+
+
 def test_agents_on_a_lost_node_leave_the_others_ends_standing() -> None:
     from hpclaunch.slurm.commands import NodeState
 
