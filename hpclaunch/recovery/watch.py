@@ -200,6 +200,7 @@ class StepWatch:
     _flagged: set[str] = field(default_factory=set)
     _resting: dict[str, float] = field(default_factory=dict)
     _beat_failed: bool = False
+    _broken: bool = False
 
     def beat(self) -> None:
         """Rewrite the heartbeat, at most every BEAT_S; a missed beat is logged once."""
@@ -225,6 +226,19 @@ class StepWatch:
             self._beat.close()
 
     def tick(self, srun_pid: int) -> Stall | None:
+        """Beat, look, judge: the Stall when the step must be ended. A watch that fails
+        (a bug) says so once and watches no more: it is worth less than the job."""
+        if self._broken:
+            self.beat()
+            return None
+        try:
+            return self._tick(srun_pid)
+        except Exception:
+            log.exception("supervisor: the watch of srun and the agents failed; it stops")
+            self._broken = True
+            return None
+
+    def _tick(self, srun_pid: int) -> Stall | None:
         self.beat()
         now = self.clock()
         if self._started is None:

@@ -252,3 +252,35 @@ def test_status_names_a_silent_agent_while_its_run_goes_on(tmp_path: Path) -> No
     assert not [n for n in gather(7, scontrol("COMPLETED"), env, job_dir).notes if "n2" in n]
     agent_ends.write(folder, 0, AgentEnd("n2", 0))
     assert not [n for n in gather(7, scontrol("RUNNING"), env, job_dir).notes if "n2" in n]
+
+
+def test_the_step_watch_reads_the_notes_names_the_silent_agent_and_ends_the_step(
+    tmp_path: Path,
+) -> None:
+    from hpclaunch.jobdir import attempts, progress_notes, silent_agents
+    from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+    from hpclaunch.recovery.watch import StepWatch
+
+    folder, clock = JobFolder(tmp_path), Clock()
+
+    def note(node: str, at: float) -> None:
+        rank = RankProgress(0, int(at), 1.0, 1.0, 0.0)
+        progress_notes.write(folder, 0, NodeProgress(node, 0, at, (rank,)))
+
+    watch = StepWatch(tmp_path, 0, ("n1", "n2"), 20.0, clock)
+    note("n1", 1.0)
+    note("n2", 1.0)
+    for at in range(0, 40):  # n1 notes on every 10 s, n2 stops
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 100.0 + at)
+        assert watch.tick(os.getpid()) is None
+    assert heartbeat.read(folder, 0) is not None  # it beat meanwhile
+    named = [silent_agents.parse(p.read_text()) for p in folder.agents(0).glob("silent-*")]
+    assert [(s.node, s.live) for s in named] == [("n2", ("n1",))]
+    # n1's workers end (its attempts log says so): no agent's notes go on.
+    attempts.append(folder, 0, attempts.AttemptEvent("n1", 0, attempts.END, 140.0))
+    clock.now = 45.0
+    stall = watch.tick(os.getpid())
+    assert stall is not None and stall.nodes == ("n2",) and stall.kind is StallKind.AGENT
+    watch.close()
