@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,6 +136,7 @@ def after_run(
     from hpclaunch.jobdir import agent_ends
     from hpclaunch.jobdir.agent_ends import AgentEnd
     from hpclaunch.node.stop_notes import uncaught
+    from hpclaunch.node.warmstart.zygote import STEP_SIGNALS
     from hpclaunch.recovery import deputy
 
     job_dir = job_folder(ctx, opts, env)
@@ -148,7 +150,7 @@ def after_run(
             )
         except OSError as exc:
             log.warning("could not note this agent's end in %s: %s", job_dir, exc)
-        return deputy.after_agent(
+        status = deputy.after_agent(
             status,
             job_id=ctx.job_id,
             requeue=ctx.restart_count,
@@ -158,6 +160,13 @@ def after_run(
             env=env,
             no_kill=opts.no_kill,
         )
+    # Done: SLURM's SIGTERM from here on (the step ending, a deputy that ended the job)
+    # would only raise torch's exception in the interpreter's teardown, a traceback in
+    # the batch log.
+    if threading.current_thread() is threading.main_thread():
+        for sig in STEP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+    return status
 
 
 def context(env: Mapping[str, str], opts: AgentSettings, slurm: Slurm) -> NodeContext:
