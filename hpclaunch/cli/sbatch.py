@@ -28,6 +28,8 @@ from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SLURM_PATIENCE_S,
+    DEFAULT_WATCH_TIMEOUT_S,
+    MIN_WATCH_TIMEOUT_S,
 )
 from hpclaunch.contract.values import (
     HANG_FLOOR_S,
@@ -192,6 +194,14 @@ NO_SCRIPT = "SCRIPT"
     type=int,
     help="Seconds the supervisor keeps trying an unreachable SLURM controller after a "
     f"failed step (after a signal: until the time limit). [default: {DEFAULT_SLURM_PATIENCE_S}]",
+)
+@click.option(
+    "--watch-timeout",
+    "watch_timeout_s",
+    type=int,
+    help="Seconds after which a stopped srun, an agent that stopped noting progress, or a "
+    "supervisor that stopped answering is acted on (at least "
+    f"{MIN_WATCH_TIMEOUT_S}). [default: {DEFAULT_WATCH_TIMEOUT_S}]",
 )
 @click.option(
     "--rdzv",

@@ -50,6 +50,7 @@ def supervise(obj: CliContext, /, step: tuple[str, ...], values: Mapping[str, An
             max_failure_requeues=settings.max_failure_requeues,
             adopt_checkpoints=settings.adopt_checkpoints,
             slurm_patience_s=settings.slurm_patience_s,
+            watch_timeout_s=settings.watch_timeout_s,
             checkpoint_patterns=settings.checkpoint_patterns,
         )
     except HpclaunchError as exc:

@@ -17,6 +17,10 @@ DEFAULT_SUPERVISOR_GRACE_S = 90.0
 DEFAULT_MAX_FAILURE_REQUEUES = 2
 # How long the supervisor keeps trying an unreachable slurmctld after a failed step.
 DEFAULT_SLURM_PATIENCE_S = 300
+# How long a stopped srun, agent or supervisor is waited for before the others act
+# (hpclaunch.recovery.watch); at least two progress-note intervals.
+DEFAULT_WATCH_TIMEOUT_S = 60
+MIN_WATCH_TIMEOUT_S = 20
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,13 @@ class SupervisorSettings:
         Number(float, min=0),
         "Seconds to keep trying an unreachable SLURM controller after a failed step "
         "(after a signal: --grace-period from the signal).",
+    )
+    watch_timeout_s: float = setting(
+        float(DEFAULT_WATCH_TIMEOUT_S),
+        "--watch-timeout",
+        Number(float, min=MIN_WATCH_TIMEOUT_S),
+        "Seconds after which a stopped srun, a silent agent or a silent supervisor is "
+        "acted on (the supervisor passes it to the agents in its heartbeat).",
     )
     checkpoint_patterns: tuple[str, ...] = setting(
         (),

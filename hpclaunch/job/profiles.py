@@ -142,6 +142,7 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "max_failure_requeues": ("max_failure_requeues", _INT),
     "signal_lead": ("signal_lead_s", _INT),
     "slurm_patience": ("slurm_patience_s", _INT),
+    "watch_timeout": ("watch_timeout_s", _INT),
     "rdzv": ("rdzv", _backend),
     "etcd_endpoint": ("etcd_endpoint", lambda v: parse_endpoints(",".join(_str_list(v)))),
     "etcd_sidecar": ("etcd_sidecar", _expect(bool, "true or false")),

@@ -214,6 +214,7 @@ def supervisor_settings(spec: JobSpec) -> SupervisorSettings:
         max_failure_requeues=spec.max_failure_requeues,
         adopt_checkpoints=spec.adopt_checkpoints,
         slurm_patience_s=float(spec.slurm_patience_s),
+        watch_timeout_s=float(spec.watch_timeout_s),
         checkpoint_patterns=spec.checkpoint_patterns,
     )
 

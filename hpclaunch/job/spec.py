@@ -23,6 +23,8 @@ from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SLURM_PATIENCE_S,
+    DEFAULT_WATCH_TIMEOUT_S,
+    MIN_WATCH_TIMEOUT_S,
 )
 from hpclaunch.contract.values import NodeRange
 from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
@@ -131,6 +133,7 @@ class JobSpec:
     max_failure_requeues: int = DEFAULT_MAX_FAILURE_REQUEUES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
     slurm_patience_s: int = DEFAULT_SLURM_PATIENCE_S
+    watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S  # hpclaunch.recovery.watch
     rdzv: Rendezvous = C10dRdzv()  # noqa: RUF009 - frozen, so one shared default is safe
     no_kill: bool = False
     node_multiple: int = 1
@@ -183,6 +186,7 @@ class JobSpec:
                     "master_port", f"{self.master_port} is above {MAX_PORT}; give a free TCP port"
                 )
         _check_count("slurm_patience", self.slurm_patience_s, 0)
+        _check_count("watch_timeout", self.watch_timeout_s, MIN_WATCH_TIMEOUT_S)
         self._check_signal_lead()
         for name in ("partition", "account", "qos", "constraint", "exclude", "job_name"):
             value = getattr(self, name)

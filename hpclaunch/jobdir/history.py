@@ -47,9 +47,16 @@ class Reason(enum.Enum):
     # A --no-kill job's batch host (supervisor, srun) was lost; a surviving agent took
     # the supervisor's role and requeued or ended the job (hpclaunch.recovery.deputy).
     BATCH_HOST_LOST = "batch host lost"
+    # The layers' watch (hpclaunch.recovery.watch): an agent that noted nothing while the
+    # others went on (a node fault, as a dead agent is); srun stopped or not exiting
+    # after every agent ended (ended by the supervisor); the supervisor's heartbeat
+    # still for the bound (a deputy agent ended or requeued the job).
+    AGENT_SILENT = "agent silent"
+    SRUN_STUCK = "srun stuck"
+    SUPERVISOR_SILENT = "supervisor silent"
 
 
-_NODE_FAULTS = (Reason.BAD_NODES.value, Reason.AGENT_DIED.value)
+_NODE_FAULTS = (Reason.BAD_NODES.value, Reason.AGENT_DIED.value, Reason.AGENT_SILENT.value)
 
 
 class Action(enum.Enum):

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,11 +130,13 @@ def after_run(
     status: int, ctx: NodeContext, opts: AgentSettings, env: Mapping[str, str], slurm: Slurm
 ) -> int:
     """The exit status of a supervised agent whose run ended with ``status``, noted in
-    the job folder for the supervisor (hpclaunch.recovery.stops); in a --no-kill job
-    whose batch host is lost, this agent may end or requeue the job in its place."""
+    the job folder for the supervisor (hpclaunch.recovery.stops); when the supervisor
+    has stopped answering (or, in a --no-kill job, its batch host is lost), this agent
+    may end or requeue the job in its place (hpclaunch.recovery.deputy)."""
     from hpclaunch.jobdir import agent_ends
     from hpclaunch.jobdir.agent_ends import AgentEnd
     from hpclaunch.node.stop_notes import uncaught
+    from hpclaunch.node.warmstart.zygote import STEP_SIGNALS
     from hpclaunch.recovery import deputy
 
     job_dir = job_folder(ctx, opts, env)
@@ -147,9 +150,7 @@ def after_run(
             )
         except OSError as exc:
             log.warning("could not note this agent's end in %s: %s", job_dir, exc)
-        if not opts.no_kill:
-            return status
-        return deputy.after_agent(
+        status = deputy.after_agent(
             status,
             job_id=ctx.job_id,
             requeue=ctx.restart_count,
@@ -157,7 +158,15 @@ def after_run(
             job_dir=job_dir,
             slurm=slurm,
             env=env,
+            no_kill=opts.no_kill,
         )
+    # Done: SLURM's SIGTERM from here on (the step ending, a deputy that ended the job)
+    # would only raise torch's exception in the interpreter's teardown, a traceback in
+    # the batch log.
+    if threading.current_thread() is threading.main_thread():
+        for sig in STEP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+    return status
 
 
 def context(env: Mapping[str, str], opts: AgentSettings, slurm: Slurm) -> NodeContext:

@@ -74,6 +74,10 @@ DESCRIPTIONS: Mapping[str, tuple[str, Any]] = {
         "Seconds the supervisor keeps trying an unreachable SLURM controller after a failed step.",
         None,
     ),
+    "watch_timeout": (
+        "Seconds after which a stopped srun, a silent agent or a silent supervisor is acted on.",
+        None,
+    ),
     "rdzv": (f"Rendezvous backend: {rendezvous.choices()}.", None),
     "etcd_endpoint": ('etcd endpoints for rdzv = "etcd".', ["etcd1:2379", "etcd2:2379"]),
     "etcd_sidecar": ('Start an etcd server on the first node (rdzv = "etcd").', True),

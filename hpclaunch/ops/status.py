@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.errors import ExitCode, HpclaunchError
-from hpclaunch.jobdir import failures, hangs, saves
+from hpclaunch.jobdir import failures, hangs, saves, silent_agents
 from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import deadends, registry
@@ -360,6 +360,11 @@ def _progress(
     if current is None:
         return
     run = record.run(current)
+    if status.job_state is JobState.RUNNING:  # once the run ends, its history says why
+        ended = {end.node for end in run.ends}
+        status.notes += [
+            f"run {current}: {silent_agents.describe(s)}" for s in run.silent if s.node not in ended
+        ]
     on_nodes = status.nodes if status.job_state is JobState.RUNNING else []
     status.training = training.of_run(run, attempts.get(current, []), now, on_nodes)
     if status.training is not None and status.job_state not in (JobState.RUNNING, None):

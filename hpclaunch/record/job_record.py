@@ -27,6 +27,7 @@ from hpclaunch.jobdir import (
     hangs,
     progress_notes,
     saves,
+    silent_agents,
 )
 from hpclaunch.jobdir.agent_ends import AgentEnd
 from hpclaunch.jobdir.attempts import AttemptEvent
@@ -46,6 +47,7 @@ from hpclaunch.jobdir.layout import (
 )
 from hpclaunch.jobdir.progress_notes import NodeProgress
 from hpclaunch.jobdir.saves import SaveRecord
+from hpclaunch.jobdir.silent_agents import SilentAgent
 
 T = TypeVar("T")
 
@@ -61,6 +63,7 @@ class RunRecord:
     ends: tuple[AgentEnd, ...] = ()  # the agents' end notes, by node
     failures: tuple[NodeRecord, ...] = ()  # the failure records, by attempt and node
     root_causes: tuple[tuple[str, str], ...] = ()  # (node, root-cause block), by node
+    silent: tuple[SilentAgent, ...] = ()  # agents the supervisor named silent, by node
 
     def block(self, node: str | None) -> str | None:
         """``node``'s root-cause block, else the first other one (srun may have stopped
@@ -148,7 +151,9 @@ def read_run(root: Path, requeue: int) -> RunRecord:
         for event in attempts.parse(text.splitlines())
     ]
     reports = _each(_entries(folder.hangs(requeue)), hangs.is_report, hangs.parse)
-    ends = _each(_entries(folder.agents(requeue)), agent_ends.is_note, agent_ends.parse)
+    agents = _entries(folder.agents(requeue))
+    ends = _each(agents, agent_ends.is_note, agent_ends.parse)
+    silent = _each(agents, silent_agents.is_note, silent_agents.parse)
     listed = _entries(folder.failures(requeue))
     records: list[NodeRecord] = []
     for entry in listed:
@@ -167,6 +172,7 @@ def read_run(root: Path, requeue: int) -> RunRecord:
         tuple(sorted(ends, key=lambda e: e.node)),
         tuple(sorted(records, key=lambda r: (r.attempt, r.node))),
         tuple(sorted(blocks)),
+        tuple(sorted(silent, key=lambda s: s.node)),
     )
 
 

@@ -1,5 +1,7 @@
-"""When a ``--no-kill`` job loses its batch host, one surviving agent takes the
-supervisor's role, so that the job still ends, or is requeued, by itself.
+"""When a ``--no-kill`` job loses its batch host, or when the supervisor stops answering
+(its heartbeat stands still for the watch bound, hpclaunch.recovery.watch: a stopped or
+stuck process), one agent takes the supervisor's role, so that the job still ends, or
+is requeued, by itself.
 
 The supervisor and ``srun`` live on the batch host (the job's first node). SLURM takes
 a lost node out of a ``--no-kill`` job and keeps the job RUNNING on the others, the
@@ -17,7 +19,9 @@ it down or not responding), the agents race to create ``agents/requeue-Q/deputy.
 
 What it does goes into the batch log (its ``srun`` is gone, and with it the agents'
 output) and into ``history.json``. A supervisor that comes back (a healed partition)
-finds the deputy's note and does nothing more. No torch.
+finds the deputy's note and does nothing more. A silent supervisor is dealt with the
+same way, but its host is not kept out of the next run (nothing says the node is bad)
+and the reason recorded is "supervisor silent". No torch.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.record.job_record import read_run
 from hpclaunch.recovery import policy
 from hpclaunch.recovery.job_commands import requeue_job
+from hpclaunch.recovery.watch import supervisor_silent
 from hpclaunch.slurm import libslurm
 from hpclaunch.slurm.commands import NodeState, Slurm
 from hpclaunch.slurm.hostlist import expand
@@ -107,7 +112,7 @@ def why_lost(job: JobView, host: str) -> str:
     return "SLURM marks it down or no longer hears from it, and its slurmd does not answer"
 
 
-def claim(folder: JobFolder, requeue: int, node: str, lost: str) -> str | None:
+def claim(folder: JobFolder, requeue: int, node: str, lost: str, why: str = "lost") -> str | None:
     """Take the supervisor's role for run ``requeue``: None when this node has it now,
     else the node that took it first. The note is written whole under a name of this
     node's, then linked into place: ``link`` fails when the name exists (atomic on NFS
@@ -115,7 +120,7 @@ def claim(folder: JobFolder, requeue: int, node: str, lost: str) -> str | None:
     path = folder.deputy(requeue)
     path.parent.mkdir(parents=True, exist_ok=True)
     mine = path.with_name(f".{path.name}.{node}.{os.getpid()}")
-    note = {"node": node, "pid": os.getpid(), "lost": lost, "at": time.time()}
+    note = {"node": node, "pid": os.getpid(), "lost": lost, "why": why, "at": time.time()}
     write_bytes_atomic(mine, json.dumps(note).encode() + b"\n")
     try:
         os.link(mine, path)
@@ -139,15 +144,50 @@ def taken_by(job_dir: Path, requeue: int) -> str | None:
 def stood_down(job_dir: Path, requeue: int) -> bool:
     """For the supervisor of run ``requeue`` when its step has ended: True (and one line
     saying why) when an agent took this run over, so that the supervisor does nothing
-    more; its host was lost from the job, and came back."""
+    more; its host was lost from the job and came back, or it stopped answering."""
     holder = taken_by(job_dir, requeue)
     if holder is not None:
+        why = (
+            "this supervisor stopped answering"
+            if _why(job_dir, requeue) == SILENT
+            else "this host was lost from the job"
+        )
         log.warning(
-            "supervisor: the agent on %s took over this run (this host was lost "
-            "from the job); this supervisor does nothing more",
+            "supervisor: the agent on %s took over this run (%s); this supervisor does "
+            "nothing more",
             holder,
+            why,
         )
     return holder is not None
+
+
+SILENT = "silent"  # a deputy note's "why" when the supervisor stopped answering
+
+
+def deputy_status(job_dir: Path, job_id: int, requeue: int, status: int) -> int:
+    """The exit status of run ``requeue``'s supervisor that stood down: the one it would
+    have had for the deputy's decision (SLURM takes the batch script's status as the
+    job's exit code, even after the deputy ended the job); ``status`` when the history
+    does not say."""
+    try:
+        history = History.load(job_dir, job_id)
+    except (OSError, HpclaunchError):
+        return status
+    run = next((r for r in reversed(history.runs) if r.requeue_count == requeue), None)
+    if run is None or run.action is None:
+        return status
+    if run.action == policy.Action.GIVE_UP.value:
+        return policy.GAVE_UP_STATUS
+    if run.action == policy.Action.REQUEUE.value or run.reason == policy.Reason.COMPLETED.value:
+        return 0
+    return run.step_status if run.step_status is not None else status
+
+
+def _why(job_dir: Path, requeue: int) -> str:
+    try:
+        return str(json.loads(JobFolder(job_dir).deputy(requeue).read_text()).get("why", "lost"))
+    except (OSError, ValueError, AttributeError):
+        return "lost"
 
 
 def after_agent(
@@ -159,26 +199,37 @@ def after_agent(
     job_dir: Path,
     slurm: Slurm,
     env: Mapping[str, str],
+    no_kill: bool = True,
 ) -> int:
-    """What a ``--no-kill`` job's agent does when its run has ended with ``status`` (and
-    is noted, hpclaunch.jobdir.agent_ends): take the supervisor's role if the batch host
-    is lost and no other agent has. Returns the agent's exit status."""
+    """What a supervised agent does when its run has ended with ``status`` (and is
+    noted, hpclaunch.jobdir.agent_ends): take the supervisor's role if no other agent
+    has and, in a ``no_kill`` job, the batch host is lost, or the supervisor's heartbeat
+    does not move for the bound it names. Returns the agent's exit status."""
     folder = JobFolder(job_dir)
     if status in policy.STOPPED_STATUSES:
         return status  # a signal the supervisor passed on: it was there to act
     # torch's handler would raise at any point of this: SLURM's SIGKILL follows anyway.
     with sigterm_ignored():
+        silent_s: float | None = None
         try:
-            job, lost = watch_batch_host(job_id, node, slurm)
+            job, lost = watch_batch_host(job_id, node, slurm) if no_kill else (None, None)
             if lost is None:
-                return status
-            holder = claim(folder, requeue, node, lost)
+                silent_s = supervisor_silent(job_dir, requeue)
+                if silent_s is None:
+                    return status
+                window = Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SLURM_PATIENCE_S).window()
+                job = JobView.of(persist(lambda s: s.job_fields(job_id), slurm, window))
+                if job.state != "RUNNING":
+                    return status  # ended meanwhile: nothing is left to do
+                lost = job.batch_host
+            holder = claim(folder, requeue, node, lost, SILENT if silent_s else "lost")
         except (OSError, ValueError, SlurmError) as exc:
-            log.warning("could not check whether the batch host is still in the job: %s", exc)
+            log.warning("could not check whether the supervisor is still there: %s", exc)
             return status
-        deputy = Deputy(job_id, requeue, node, folder, slurm, env, job, lost)
+        assert job is not None  # both ways above found it
+        deputy = Deputy(job_id, requeue, node, folder, slurm, env, job, lost, silent_s)
         if holder is not None:
-            deputy.say(f"the batch host {lost} is lost; the agent on {holder} has its role")
+            deputy.say(f"{deputy.what()}; the agent on {holder} has its role")
             return status
         try:
             return deputy.act(status)
@@ -275,24 +326,59 @@ class Deputy:
     slurm: Slurm
     env: Mapping[str, str]
     job: JobView
-    lost: str
+    lost: str  # the batch host
+    silent_s: float | None = None  # how long its supervisor's heartbeat stood still
+
+    def what(self) -> str:
+        """What happened to the supervisor, in a few words."""
+        if self.silent_s is not None:
+            return (
+                f"the supervisor on {self.lost} has not answered for {self.silent_s:.0f} s "
+                "(its heartbeat stood still)"
+            )
+        return f"the batch host {self.lost} is lost"
+
+    @property
+    def reason(self) -> policy.Reason:
+        if self.silent_s is not None:
+            return policy.Reason.SUPERVISOR_SILENT
+        return policy.Reason.BATCH_HOST_LOST
+
+    @property
+    def keep_out(self) -> tuple[str, ...]:
+        """The node kept out of the next run: a lost host, not a silent supervisor's."""
+        return () if self.silent_s is not None else (self.lost,)
+
+    def note(self, did: str) -> str:
+        """The history's line for what this deputy ``did``."""
+        if self.silent_s is not None:
+            return (
+                f"the supervisor on {self.lost} stopped answering; the agent on {self.node} {did}"
+            )
+        return f"the batch host {self.lost} was lost; the agent on {self.node} {did}"
 
     def say(self, line: str) -> None:
-        """Log ``line`` and put it in the batch log, which its srun no longer feeds."""
-        log.warning("%s", line)
+        """Put ``line`` in the batch log, which srun no longer feeds (its host is lost)
+        or feeds through the stopped supervisor; logged where it cannot be (logged
+        always, it would come twice from a supervisor that is continued)."""
         if self.job.batch_log is None:
+            log.warning("%s", line)
             return
         try:
             with open(self.job.batch_log, "a") as out:
                 out.write(f"hpclaunch[job {self.job_id} node {self.node}]: {line}\n")
         except OSError as exc:
+            log.warning("%s", line)
             log.warning("could not write to the batch log %s: %s", self.job.batch_log, exc)
 
     def act(self, status: int) -> int:
-        self.say(
-            f"the batch host {self.lost} is lost ({why_lost(self.job, self.lost)}): its "
-            f"supervisor and srun are gone, so the agent on {self.node} takes their role"
-        )
+        if self.silent_s is not None:
+            self.say(f"{self.what()}, so the agent on {self.node} takes its role")
+        else:
+            self.say(
+                f"the batch host {self.lost} is lost ({why_lost(self.job, self.lost)}): its "
+                f"supervisor and srun are gone, so the agent on {self.node} takes their role"
+            )
         statuses = self.wait_others(status)
         failed = {node: s for node, s in statuses.items() if s != 0}
         history = History.load(self.folder.root, self.job_id)
@@ -306,7 +392,7 @@ class Deputy:
 
     def wait_others(self, status: int) -> dict[str, int]:
         """Every survivor's status, as their agents note them (within OTHERS_WAIT_S)."""
-        others = tuple(n for n in self.job.nodes if n not in (self.node, self.lost))
+        others = tuple(n for n in self.job.nodes if n not in (self.node, *self.keep_out))
         deadline = time.monotonic() + OTHERS_WAIT_S
         found = read_run(self.folder.root, self.requeue).ended(others)
         while len(found) < len(others) and time.monotonic() < deadline:
@@ -322,12 +408,7 @@ class Deputy:
 
     def complete(self, history: History) -> int:
         done = policy.Decision(policy.Action.NONE, policy.Reason.COMPLETED, 0)
-        self.record(
-            history,
-            0,
-            done,
-            f"the batch host {self.lost} was lost; the agent on {self.node} ended the job",
-        )
+        self.record(history, 0, done, self.note("ended the job"))
         try:
             libslurm.complete_job(self.job_id, 0)
         except SlurmError as exc:
@@ -341,50 +422,31 @@ class Deputy:
         return 0
 
     def requeue_without_lost(self, history: History, status: int) -> int:
-        excluded = list(dict.fromkeys([*history.excluded_nodes, self.lost]))
-        decision = policy.Decision(
-            policy.Action.REQUEUE, policy.Reason.BATCH_HOST_LOST, status, (self.lost,)
-        )
+        excluded = list(dict.fromkeys([*history.excluded_nodes, *self.keep_out]))
+        decision = policy.Decision(policy.Action.REQUEUE, self.reason, status, self.keep_out)
+        without = f" without {','.join(excluded)}" if excluded else ""
         self.say(
-            f"requeueing the job without {','.join(excluded)} (requeue "
-            f"{self.requeue + 1} of at most {history.max_requeues}); the next run "
-            "resumes from the latest checkpoint"
+            f"requeueing the job{without} (requeue {self.requeue + 1} of at most "
+            f"{history.max_requeues}); the next run resumes from the latest checkpoint"
         )
-        self.record(
-            history,
-            status,
-            decision,
-            f"the batch host {self.lost} was lost; the agent on {self.node} requeued the job",
-        )
+        self.record(history, status, decision, self.note("requeued the job"))
         patience = Patience(DEFAULT_SUPERVISOR_GRACE_S, DEFAULT_SUPERVISOR_GRACE_S)
         try:
             requeue_job(self.slurm, self.job_id, excluded, patience.window(), self.requeue)
         except SlurmError as exc:
             self.say(f"the job could not be requeued ({describe(exc)}); ending it FAILED")
             failed = policy.Decision(policy.Action.REQUEUE_FAILED, decision.reason, status)
-            self.record(
-                history,
-                status,
-                failed,
-                f"the batch host {self.lost} was lost; the job could not be requeued",
-            )
+            self.record(history, status, failed, self.note("could not requeue the job"))
             return self.end(status)
         return status
 
     def end_failed(self, history: History, status: int) -> int:
-        gave_up = policy.Decision(
-            policy.Action.GIVE_UP, policy.Reason.BATCH_HOST_LOST, policy.GAVE_UP_STATUS
-        )
+        gave_up = policy.Decision(policy.Action.GIVE_UP, self.reason, policy.GAVE_UP_STATUS)
         self.say(
             f"the job has been requeued {self.requeue} times (--max-requeues "
             f"{history.max_requeues}); giving up: the job ends FAILED"
         )
-        self.record(
-            history,
-            status,
-            gave_up,
-            f"the batch host {self.lost} was lost; the agent on {self.node} ended the job",
-        )
+        self.record(history, status, gave_up, self.note("ended the job"))
         return self.end(policy.GAVE_UP_STATUS)
 
     def end(self, status: int) -> int:
@@ -407,7 +469,7 @@ class Deputy:
         run = next((r for r in reversed(history.runs) if r.requeue_count == self.requeue), None)
         if run is None or run.token is None:
             run = history.start(self.env, self.requeue)
-        error = note if decision.reason is policy.Reason.BATCH_HOST_LOST else None
+        error = note if decision.reason is self.reason else None
         finish(run, status, None, decision, error, verdict=note)
         try:
             history_store.save_run(self.folder.root, history, run)

@@ -46,6 +46,10 @@ class Situation:
     # Every agent was stopped by ``first_signal``, sent to the job's steps only (scancel
     # --signal, submitit's _interrupt): the job is not ending, as after SLURM's own SIGTERM.
     steps_only: bool = False
+    # The supervisor's watch ended the step (hpclaunch.recovery.watch): the agents of
+    # these nodes had fallen silent; srun was stuck before every agent noted its end.
+    silent: tuple[str, ...] = ()
+    srun_stuck: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,10 @@ def decide(s: Situation) -> Decision:
         return Decision(Action.REQUEUE, Reason.STEPS_STOPPED, 0)
     if stopped:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
+    if s.silent:  # no record can say whether its workers finished: a node fault
+        return _node_fault(s, Reason.AGENT_SILENT, s.silent)
+    if s.srun_stuck:  # the agents had not all ended: srun's kill ended them
+        return _node_fault(s, Reason.SRUN_STUCK, ())
     if s.status == 0:
         return Decision(Action.NONE, Reason.COMPLETED, 0)
     verdict = s.finding.verdict if s.finding is not None else None

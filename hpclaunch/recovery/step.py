@@ -19,6 +19,7 @@ from types import FrameType
 from hpclaunch.contract.supervisor import DEFAULT_SUPERVISOR_GRACE_S
 from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.recovery import stepdeath
+from hpclaunch.recovery.watch import Stall, StepWatch
 
 log = logging.getLogger("hpclaunch.recovery.supervisor")  # the supervisor's lines
 
@@ -43,6 +44,7 @@ class StepResult:
     signals: tuple[int, ...]  # the signals received (and forwarded), in order
     died: tuple[stepdeath.Death, ...] = ()  # the agents srun reports killed by a signal
     srun_signal: int | None = None  # the signal that ended srun itself
+    stall: Stall | None = None  # why the supervisor's watch ended the step (srun killed)
 
     @property
     def first_signal(self) -> int | None:
@@ -87,13 +89,18 @@ def run_step(
     grace_s: float = DEFAULT_SUPERVISOR_GRACE_S,
     on_signal: Callable[[int], None] | None = None,
     noise_log: Path | None = None,
+    watch: StepWatch | None = None,
 ) -> StepResult:
     """Run ``argv`` (the srun step) with ``forwarder`` passing signals to it. After the
     first signal the step gets ``grace_s`` seconds to end; then srun is killed (SLURM
     cleans up the tasks). ``on_signal(first signal)`` runs once, outside the signal
     handler, while the step is still ending. With ``noise_log``, torch's known-harmless
     lines go there and are summarised once at the end (hpclaunch.recovery.noise).
+    With ``watch``, the supervisor beats and watches srun and the agents while it
+    waits (hpclaunch.recovery.watch): a stalled step has srun killed and says why.
     Raises StepNotFound."""
+    if watch is not None:
+        watch.beat()  # before the agents can look for it
     try:
         child = subprocess.Popen(list(argv), stderr=subprocess.PIPE)
     except FileNotFoundError:
@@ -104,13 +111,21 @@ def run_step(
     tee = stepdeath.Tee(child.stderr, noise_log).start() if child.stderr is not None else None
     forwarder.attach(child)
     log.info("supervisor: step %s started (pid %d)", argv[0], child.pid)
-    returncode = _wait(child, forwarder.received, grace_s, on_signal)
+    stall: list[Stall] = []
+    try:
+        returncode = _wait(child, forwarder.received, grace_s, on_signal, watch, stall)
+    finally:
+        if watch is not None:
+            watch.close()
     log.info("supervisor: step ended with status %d", exit_status(returncode))
     died = tee.deaths() if tee is not None else ()
     for line in tee.summary() if tee is not None else ():
         log.info("supervisor: %s", line)
     srun_signal = -returncode if returncode < 0 else None
-    return StepResult(exit_status(returncode), tuple(forwarder.received), died, srun_signal)
+    status = exit_status(returncode)
+    if stall:
+        return StepResult(status, tuple(forwarder.received), died, srun_signal, stall[0])
+    return StepResult(status, tuple(forwarder.received), died, srun_signal)
 
 
 def _wait(
@@ -118,6 +133,8 @@ def _wait(
     received: list[int],
     grace_s: float,
     on_signal: Callable[[int], None] | None,
+    watch: StepWatch | None = None,
+    stall: list[Stall] | None = None,
 ) -> int:
     deadline: float | None = None
     while True:
@@ -125,6 +142,15 @@ def _wait(
             return child.wait(timeout=_POLL_S)
         except subprocess.TimeoutExpired:
             pass
+        # Beats and looks come from this loop, not a thread of their own: a supervisor
+        # that stops here stops beating, which is what the agents watch for.
+        found = watch.tick(child.pid) if watch is not None else None
+        if found is not None:
+            log.error("supervisor: %s", found.message)
+            child.kill()  # a stopped srun dies of SIGKILL too; SLURM ends the tasks
+            if stall is not None:
+                stall.append(found)
+            return child.wait()
         if received and deadline is None:
             deadline = time.monotonic() + grace_s
             if on_signal is not None:

@@ -21,6 +21,7 @@ from hpclaunch.contract.supervisor import (
     DEFAULT_MAX_FAILURE_REQUEUES,
     DEFAULT_SLURM_PATIENCE_S,
     DEFAULT_SUPERVISOR_GRACE_S,
+    DEFAULT_WATCH_TIMEOUT_S,
 )
 from hpclaunch.contract.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
@@ -32,8 +33,8 @@ from hpclaunch.record import checkpoints, lost_work
 from hpclaunch.record.attempts import of_job
 from hpclaunch.record.job_record import JobRecord, read_run
 from hpclaunch.recovery import policy as requeue
-from hpclaunch.recovery import stepdeath, stops, verdicts
-from hpclaunch.recovery.deputy import stood_down
+from hpclaunch.recovery import stepdeath, stops, verdicts, watch
+from hpclaunch.recovery.deputy import deputy_status, stood_down
 from hpclaunch.recovery.job_commands import keep_lost_out, requeue_job, slurm_restarts
 from hpclaunch.recovery.step import StepResult, forwarding, run_step
 from hpclaunch.slurm.commands import Slurm
@@ -55,12 +56,14 @@ def supervise(
     adopt_checkpoints: bool = False,
     slurm_patience_s: float = DEFAULT_SLURM_PATIENCE_S,
     checkpoint_patterns: Sequence[str] = (),
+    watch_timeout_s: float = DEFAULT_WATCH_TIMEOUT_S,
 ) -> int:
     """The batch step: take the checkpoint folder, run the step, then requeue, give up
     or end as the policy says. SLURM's commands are tried again while its controller is
     away: after a signal for ``grace_s`` (the signal lead: until the time limit), else
     for ``slurm_patience_s``. ``checkpoint_patterns`` go into the history, relative
-    ones from SLURM_SUBMIT_DIR. Returns the supervisor's exit status. Raises
+    ones from SLURM_SUBMIT_DIR. A stopped srun or a silent agent is acted on after
+    ``watch_timeout_s`` (hpclaunch.recovery.watch). Returns the supervisor's exit status. Raises
     StepNotFound, HistoryError."""
     with forwarding() as forwarder:
         run = Supervisor(
@@ -70,6 +73,7 @@ def supervise(
             max_requeues,
             max_failure_requeues,
             Patience(grace_s, slurm_patience_s),
+            watch_timeout_s,
         )
         if run.history is not None:
             run.history.checkpoint_patterns = absolute(checkpoint_patterns, submit_dir(env))
@@ -80,7 +84,9 @@ def supervise(
         gave_up = run.before_step()
         if gave_up is not None:
             return gave_up
-        result = run_step(argv, forwarder, grace_s, run.on_first_signal, run.noise_log())
+        result = run_step(
+            argv, forwarder, grace_s, run.on_first_signal, run.noise_log(), run.step_watch()
+        )
         return run.after_step(result)
 
 
@@ -97,6 +103,7 @@ class Supervisor:
         max_requeues: int,
         max_failure_requeues: int,
         patience: Patience | None = None,
+        watch_timeout_s: float = DEFAULT_WATCH_TIMEOUT_S,
     ) -> None:
         self.env, self.slurm, self.job_dir = env, slurm, job_dir
         # How long SLURM's controller is waited for (a window from the first signal).
@@ -112,6 +119,8 @@ class Supervisor:
         self.verdict: str | None = None  # the message for a person, when no node is to blame
         self._lost: tuple[str, ...] | None = None  # kept out after SLURM's requeue, once
         self.died: str | None = None  # which agent (or srun) was killed by a signal
+        self.stalled: str | None = None  # why the watch ended the step (hpclaunch.recovery.watch)
+        self.watch_timeout_s = watch_timeout_s  # hpclaunch.recovery.watch
 
     def check_saves(self, signal_lead_s: float) -> None:
         """Note the signal lead in the history, and warn when the earlier runs' saves
@@ -156,6 +165,15 @@ class Supervisor:
             return None
         return JobFolder(self.job_dir).logs / f"requeue-{self.requeue_count}" / "torch-noise.log"
 
+    def step_watch(self) -> watch.StepWatch | None:
+        """The watch of srun and the agents, and the heartbeat the agents watch; None
+        without a job folder (the agents' notes are there)."""
+        if self.job_dir is None:
+            return None
+        return watch.StepWatch(
+            self.job_dir, self.requeue_count, tuple(job_nodes(self.env)), self.watch_timeout_s
+        )
+
     def before_step(self) -> int | None:
         """The exit status when the requeue budget is already spent, else None (the
         history now records this run)."""
@@ -189,10 +207,12 @@ class Supervisor:
     def after_step(self, result: StepResult) -> int:
         """Decide what follows the step, act on it, record it; the exit status."""
         if self.job_dir and stood_down(self.job_dir, self.requeue_count):
-            return result.status
+            return deputy_status(self.job_dir, self.job_id, self.requeue_count, result.status)
         if self.history is not None and len(self.history.runs) > 1:
             # Where this run resumed is known now: what the run before it really lost.
             self._say_lost_work(self.history.runs[:-1], resumed=True)
+        if result.stall is not None:
+            result = self._stalled(result, result.stall)
         unseen = stops.unseen(self.job_dir, self.requeue_count, job_nodes(self.env), result)
         if unseen is not None:  # every agent was stopped by a signal sent to the steps only
             result = replace(result, signals=(unseen,))
@@ -222,6 +242,10 @@ class Supervisor:
                 tuple(d.node for d in result.died),
                 result.srun_signal is not None,
                 unseen is not None,
+                result.stall.nodes if result.stall and not result.stall.finished else (),
+                result.stall is not None
+                and result.stall.kind is watch.StallKind.SRUN
+                and not result.stall.finished,
             )
         )
         if self.verdict is not None and verdicts.stands(self.finding, decision.reason):
@@ -229,6 +253,28 @@ class Supervisor:
         decision = self._act(decision)
         self._record(result.status, result.first_signal, decision)
         return decision.exit_status
+
+    def _stalled(self, result: StepResult, stall: watch.Stall) -> StepResult:
+        """The step as the watch ended it: srun's SIGKILL is the supervisor's own doing;
+        when every agent had noted its end, the step ended as they say."""
+        if stall.kind is watch.StallKind.AGENT and stall.others:
+            try:
+                found = watch.finished_without_lost(stall, self.slurm.node_states())
+            except SlurmError as exc:
+                log.warning("supervisor: could not ask SLURM whether a node is lost: %s", exc)
+                found = None
+            if found is not None:
+                log.info("supervisor: %s", found.message)
+                stall = found
+        self.stalled = stall.message
+        if stall.statuses is not None:
+            failed = [status for status in stall.statuses.values() if status != 0]
+            log.info(
+                "supervisor: the agents noted their ends (%s): the step ends as they say",
+                ", ".join(f"{node} {status}" for node, status in sorted(stall.statuses.items())),
+            )
+            return replace(result, status=failed[0] if failed else 0, died=(), srun_signal=None)
+        return replace(result, died=(), srun_signal=None)
 
     def _note_deaths(self, result: StepResult) -> None:
         """Say which agent (or srun) a signal killed, where the supervisor sent none."""
@@ -347,6 +393,8 @@ class Supervisor:
             error = f"node lost ({', '.join(d.exclude)} down or not responding)"
         if d.reason is requeue.Reason.AGENT_DIED:
             error = self.died
+        if d.reason in (requeue.Reason.AGENT_SILENT, requeue.Reason.SRUN_STUCK):
+            error = self.stalled
         verdict = self.verdict if d.reason in verdicts.REASONS else None
         finish(self.run, status, first_signal, d, error, verdict)
         self._save()

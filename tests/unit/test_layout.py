@@ -142,11 +142,12 @@ MAY_IMPORT: dict[str, dict[str, str]] = {
         "progress": DOWN,
         "record": DOWN,
         "rendezvous": DOWN,
-        "recovery": "an agent of a --no-kill job runs the deputy (recovery.deputy, lazily) "
-        "when the batch host is lost",
+        "recovery": "an agent runs the deputy (recovery.deputy, lazily) when a --no-kill "
+        "job's batch host is lost or the supervisor stops answering",
     },
     "recovery": {
         "errors": DOWN,
+        "procs": DOWN,
         "contract": DOWN,
         "slurm": DOWN,
         "jobdir": DOWN,

@@ -1,0 +1,286 @@
+"""The layers' watch (hpclaunch.recovery.watch): the bound from the environment, the
+pure judgement of what the supervisor has seen, the heartbeat file, and an agent's
+look at it. The stopped processes themselves are stopped on the sandbox
+(tests/integration/test_stopped_layers.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.jobdir import heartbeat
+from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.recovery import policy
+from hpclaunch.recovery.watch import (
+    Seen,
+    StallKind,
+    finished_without_lost,
+    judge,
+    supervisor_silent,
+)
+
+NODES = ("n1", "n2", "n3")
+BOUND = 30.0
+
+
+def seen(**kw: object) -> Seen:
+    fields: dict[str, object] = {
+        "nodes": NODES,
+        "started": 0.0,
+        "changed": {},
+        "ended": {},
+        "statuses": {},
+        "srun_stopped": None,
+    }
+    fields.update(kw)
+    return Seen(**fields)  # type: ignore[arg-type]
+
+
+def test_agents_that_note_progress_are_left_alone() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 95.0, "n3": 101.0})
+    assert judge(view, 120.0, BOUND).stall is None and not judge(view, 120.0, BOUND).warn
+
+
+def test_slow_notes_of_every_agent_single_out_none() -> None:
+    # Everyone silent at once: a job folder that took no notes looks the same.
+    view = seen(changed={"n1": 10.0, "n2": 10.0, "n3": 10.0})
+    judged = judge(view, 100.0, BOUND)
+    assert judged.stall is None and judged.warn == ()
+
+
+def test_an_agent_silent_while_others_go_on_is_named_once_and_nothing_is_ended() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0})
+    judged = judge(view, 100.0, BOUND)
+    assert judged.warn == ("n2",) and judged.live == ("n1", "n3") and judged.stall is None
+    again = judge(seen(changed=view.changed, flagged=frozenset({"n2"})), 101.0, BOUND)
+    assert again.warn == () and again.stall is None
+
+
+def test_a_named_agent_ends_the_step_once_the_others_fall_silent_too() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0}, flagged=frozenset({"n2"}))
+    assert judge(view, 129.0, BOUND).stall is None  # n1 and n3 within the bound
+    stall = judge(view, 131.5, BOUND).stall
+    assert stall is not None and stall.kind is StallKind.AGENT and stall.nodes == ("n2",)
+    assert not stall.finished and stall.message.startswith("the agent on n2 noted no progress")
+
+
+def test_an_agent_that_outlives_the_others_ends_by_the_bound_after_their_ends() -> None:
+    view = seen(
+        changed={"n1": 50.0, "n2": 50.0, "n3": 50.0},
+        ended={"n1": 100.0, "n3": 101.0},
+        statuses={"n1": 0, "n3": 0},
+    )
+    assert judge(view, 130.0, BOUND).stall is None  # a healthy agent ends soon after
+    stall = judge(view, 131.0, BOUND).stall
+    assert stall is not None and stall.nodes == ("n2",) and stall.statuses is None
+
+
+def test_agents_whose_workers_ended_are_waiting_not_silent() -> None:
+    # n1's rank 0 evaluates on after the training while n2 and n3 wait at torch's exit
+    # barrier (their attempts logs say their workers ended): no one is named.
+    view = seen(changed={"n1": 100.0, "n2": 40.0, "n3": 41.0}, resting={"n2": 45.0, "n3": 46.0})
+    judged = judge(view, 120.0, BOUND)
+    assert judged.warn == () and judged.stall is None
+
+
+def test_a_named_agent_ends_the_step_as_soon_as_the_others_workers_end() -> None:
+    view = seen(changed={"n1": 100.0, "n2": 60.0, "n3": 101.0}, flagged=frozenset({"n2"}))
+    resting = seen(**{**view.__dict__, "resting": {"n1": 105.0, "n3": 105.0}})
+    stall = judge(resting, 106.0, BOUND).stall
+    assert stall is not None and stall.nodes == ("n2",)
+
+
+def test_an_agent_that_never_noted_is_not_taken_for_a_stopped_one() -> None:
+    # A script that reports no progress: no notes from anyone; n2 runs on after the
+    # others ended (a long evaluation, say): nothing says it is stopped.
+    view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0})
+    assert judge(view, 1000.0, BOUND).stall is None
+
+
+def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent() -> None:
+    view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0}, resting={"n2": 90.0})
+    assert judge(view, 129.0, BOUND).stall is None
+    stall = judge(view, 130.0, BOUND).stall
+    assert stall is not None and stall.nodes == ("n2",)
+
+
+def test_agents_on_a_lost_node_leave_the_others_ends_standing() -> None:
+    from hpclaunch.slurm.commands import NodeState
+
+    view = seen(
+        changed={"n1": 50.0, "n2": 50.0, "n3": 50.0},
+        ended={"n1": 100.0, "n3": 101.0},
+        statuses={"n1": 0, "n3": 0},
+    )
+    stall = judge(view, 131.0, BOUND).stall
+    assert stall is not None and stall.others == {"n1": 0, "n3": 0}
+    down = {"n2": NodeState("down")}
+    done = finished_without_lost(stall, down)
+    assert done is not None and done.finished and done.statuses == {"n1": 0, "n3": 0}
+    assert "SLURM says n2 is lost" in done.message
+    assert finished_without_lost(stall, {"n2": NodeState("mixed")}) is None  # alive: stopped
+    assert finished_without_lost(stall, {}) is None  # not known
+    failed = judge(seen(**{**view.__dict__, "statuses": {"n1": 0, "n3": 1}}), 131.0, BOUND).stall
+    assert failed is not None and finished_without_lost(failed, down) is None
+
+
+def test_srun_stopped_for_the_bound_is_killed() -> None:
+    assert (
+        judge(seen(srun_stopped=10.0, changed={n: 35.0 for n in NODES}), 39.0, BOUND).stall is None
+    )
+    stall = judge(seen(srun_stopped=10.0, changed={n: 35.0 for n in NODES}), 40.0, BOUND).stall
+    assert stall is not None and stall.kind is StallKind.SRUN and not stall.finished
+    assert "was stopped (state T) for 30 s; the supervisor killed it" in stall.message
+
+
+def test_srun_left_after_every_agent_ended_is_killed_and_their_statuses_stand() -> None:
+    ends = {"ended": {"n1": 10.0, "n2": 12.0, "n3": 11.0}, "statuses": {"n1": 0, "n2": 0, "n3": 1}}
+    assert judge(seen(**ends), 41.0, BOUND).stall is None
+    stall = judge(seen(**ends), 42.0, BOUND).stall
+    assert stall is not None and stall.kind is StallKind.SRUN and stall.finished
+    assert stall.statuses == {"n1": 0, "n2": 0, "n3": 1}
+    assert "had not exited 30 s after every agent noted its end" in stall.message
+
+
+def test_the_policy_requeues_without_a_silent_agent_and_after_a_stuck_srun() -> None:
+    base = policy.Situation(137, None, 0, None, 3)
+    silent = policy.decide(policy.Situation(137, None, 0, None, 3, silent=("n2",)))
+    assert silent == policy.Decision(policy.Action.REQUEUE, policy.Reason.AGENT_SILENT, 0, ("n2",))
+    stuck = policy.decide(policy.Situation(137, None, 0, None, 3, srun_stuck=True))
+    assert stuck == policy.Decision(policy.Action.REQUEUE, policy.Reason.SRUN_STUCK, 0)
+    spent = policy.Situation(137, None, 3, None, 3, silent=("n2",))
+    assert policy.decide(spent).action is policy.Action.GIVE_UP
+    assert policy.decide(base).reason is policy.Reason.FAILED
+
+
+def test_the_heartbeat_is_rewritten_in_place_at_one_size(tmp_path: Path) -> None:
+    folder = JobFolder(tmp_path)
+    assert heartbeat.read(folder, 0) is None
+    beat = heartbeat.Beat(folder, 0, 20.0)
+    beat.beat()
+    first = heartbeat.read(folder, 0)
+    inode = os.stat(heartbeat.path(folder, 0)).st_ino
+    beat.beat()
+    second = heartbeat.read(folder, 0)
+    beat.close()
+    assert first and second and first != second and len(first) == len(second)
+    assert os.stat(heartbeat.path(folder, 0)).st_ino == inode
+    assert second.split() == [str(os.getpid()).encode(), b"2", b"20"]
+    assert heartbeat.bound_s(second) == 20.0 and heartbeat.bound_s(b"12 3") is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_an_agent_sees_a_live_supervisor_at_its_next_beat(tmp_path: Path) -> None:
+    folder, clock = JobFolder(tmp_path), Clock()
+    beat = heartbeat.Beat(folder, 0, 20.0)
+    beat.beat()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 1.0 and beat.sequence == 1:
+            beat.beat()
+
+    assert supervisor_silent(tmp_path, 0, clock, sleep) is None
+    assert clock.now < 2.0
+    beat.close()
+
+
+def test_an_agent_calls_a_still_heartbeat_silent_after_the_bound(tmp_path: Path) -> None:
+    clock = Clock()
+    beat = heartbeat.Beat(JobFolder(tmp_path), 0, 20.0)
+    beat.beat()
+    beat.close()
+    waited = supervisor_silent(tmp_path, 0, clock, clock.sleep)
+    assert waited is not None and 20.0 <= waited < 21.0
+
+
+def test_no_heartbeat_is_no_verdict(tmp_path: Path) -> None:
+    clock = Clock()
+    assert supervisor_silent(tmp_path, 0, clock, clock.sleep) is None and clock.now == 0
+
+
+def test_the_watch_timeout_goes_from_the_job_to_the_supervisor() -> None:
+    from hpclaunch.errors import SpecError
+    from hpclaunch.job.render import supervisor_settings
+    from hpclaunch.job.spec import JobSpec
+
+    assert "--watch-timeout" not in supervisor_settings(JobSpec("t.py")).to_argv()
+    argv = supervisor_settings(JobSpec("t.py", watch_timeout_s=120)).to_argv()
+    assert argv[argv.index("--watch-timeout") + 1] == "120"
+    with pytest.raises(SpecError, match="5 is below the minimum of 20"):
+        JobSpec("t.py", watch_timeout_s=5)
+
+
+def test_status_names_a_silent_agent_while_its_run_goes_on(tmp_path: Path) -> None:
+    from hpclaunch.jobdir import agent_ends, silent_agents
+    from hpclaunch.jobdir.agent_ends import AgentEnd
+    from hpclaunch.jobdir.history import History, Run
+    from hpclaunch.ops.status import gather
+    from hpclaunch.slurm.commands import CommandResult, FakeRunner, Slurm
+
+    job_dir = tmp_path / "logs" / "7"
+    folder = JobFolder(job_dir)
+    folder.root.mkdir(parents=True)
+    history = History(7, 3, runs=[Run(0, "n[1-2]", 1000.0)])
+    folder.history.write_text(json.dumps(history.to_json()))
+    silent_agents.write(folder, 0, silent_agents.SilentAgent("n2", 1100.0, 60.0, ("n1",)))
+
+    def scontrol(state: str) -> Slurm:
+        line = f"JobId=7 JobName=t JobState={state} Restarts=0 NodeList=n[1-2] ExitCode=0:0"
+        return Slurm(FakeRunner({"scontrol": lambda argv: CommandResult(argv, 0, line + "\n")}))
+
+    env = {"HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    running = gather(7, scontrol("RUNNING"), env, job_dir, now=1200.0)
+    [note] = [n for n in running.notes if "n2" in n]
+    assert note.startswith(
+        "run 0: the agent on n2 noted no progress for 60 s while the agents on n1 go on"
+    )
+    # Its end noted, or the job over: the history says the rest.
+    assert not [n for n in gather(7, scontrol("COMPLETED"), env, job_dir).notes if "n2" in n]
+    agent_ends.write(folder, 0, AgentEnd("n2", 0))
+    assert not [n for n in gather(7, scontrol("RUNNING"), env, job_dir).notes if "n2" in n]
+
+
+def test_the_step_watch_reads_the_notes_names_the_silent_agent_and_ends_the_step(
+    tmp_path: Path,
+) -> None:
+    from hpclaunch.jobdir import attempts, progress_notes, silent_agents
+    from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+    from hpclaunch.recovery.watch import StepWatch
+
+    folder, clock = JobFolder(tmp_path), Clock()
+
+    def note(node: str, at: float) -> None:
+        rank = RankProgress(0, int(at), 1.0, 1.0, 0.0)
+        progress_notes.write(folder, 0, NodeProgress(node, 0, at, (rank,)))
+
+    watch = StepWatch(tmp_path, 0, ("n1", "n2"), 20.0, clock)
+    note("n1", 1.0)
+    note("n2", 1.0)
+    for at in range(0, 40):  # n1 notes on every 10 s, n2 stops
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 100.0 + at)
+        assert watch.tick(os.getpid()) is None
+    assert heartbeat.read(folder, 0) is not None  # it beat meanwhile
+    named = [silent_agents.parse(p.read_text()) for p in folder.agents(0).glob("silent-*")]
+    assert [(s.node, s.live) for s in named] == [("n2", ("n1",))]
+    # n1's workers end (its attempts log says so): no agent's notes go on.
+    attempts.append(folder, 0, attempts.AttemptEvent("n1", 0, attempts.END, 140.0))
+    clock.now = 45.0
+    stall = watch.tick(os.getpid())
+    assert stall is not None and stall.nodes == ("n2",) and stall.kind is StallKind.AGENT
+    watch.close()
