@@ -103,13 +103,12 @@ def not_completed(
     ended = read_run(job_dir, requeue).ended(tuple(nodes)) if job_dir is not None else {}
     taken = stopped_status(first, step.status, ended, nodes)
     if taken is not None:
-        noted = ", ".join(f"{node} {ended[node]}" for node in nodes if node in ended) or "none"
+        noted = ", ".join(f"{node} {ended[node]}" for node in nodes if node in ended)
         log.warning(
             "supervisor: the step ended with status 0 after %s, but not every agent "
-            "ended its training (their exit statuses: %s): the step was stopped by %s, "
-            "not completed",
+            "ended its training (%s): the step was stopped by %s, not completed",
             signal.Signals(first).name,
-            noted,
+            f"exit statuses noted: {noted}" if noted else "no agent noted its end",
             signal.Signals(first).name,
         )
     return taken

@@ -212,29 +212,27 @@ def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_p
     assert "a bug in the script, which restarting would not mend" in job.log
 
 
-def _agents_started(job: Job) -> bool:
-    """Whether both nodes' agents have said they start their workers."""
-    log = job.folder / "logs" / f"{job.name}-{job.id}.out"
-    return log.exists() and log.read_text().count(" workers on n") == 2
-
-
-@pytest.mark.parametrize("when", ["mid-training", "at the start"])
-def test_scancel_never_requeues(sandbox: Running, tmp_path: Path, when: str) -> None:
-    """A cancelled job is said cancelled everywhere. At the start the workers are still
-    starting when SLURM's SIGTERM comes; the agents may then take longer to end than
-    srun waits for them (KillWait), and srun exits 0 ("Timed out waiting for job step
-    to complete"), which once made the supervisor say "job completed"."""
-    job = submit(sandbox, tmp_path, *INTERRUPTIBLE)
-    if when == "mid-training":
-        job.wait_checkpoint(4)
-    else:
-        wait_for(lambda: _agents_started(job), timeout_s=60, what="both agents' start")
+@pytest.mark.parametrize("stuck", [False, True])
+def test_scancel_never_requeues(sandbox: Running, tmp_path: Path, stuck: bool) -> None:
+    """A cancelled job is said cancelled everywhere. With a rank stuck in the checkpoint
+    it writes on the signal, the agents outlast SLURM's KillWait and srun exits 0 ("Timed
+    out waiting for job step to complete"), which once made the supervisor say "job
+    completed"."""
+    job = submit(sandbox, tmp_path, *INTERRUPTIBLE, *(("--hang-when-stopping", "1") * stuck))
+    job.wait_checkpoint(4)
     job.run("scancel", str(job.id))
     assert job.wait_end() == "CANCELLED"
     assert job.fields()["Restarts"] == "0"
     assert job.history() == [(0, "cancelled", "none")], job.log
     assert "supervisor: the job ends: cancelled" in job.log
     assert "job completed" not in job.log
+    if stuck:  # what srun said, and what the supervisor made of it
+        assert "srun: error: Timed out waiting for job step to complete" in job.log
+        assert (
+            "supervisor: the step ended with status 0 after SIGTERM, but not every agent "
+            "ended its training (no agent noted its end): the step was stopped by SIGTERM, "
+            "not completed"
+        ) in job.log
     shown = job.status()
     assert shown.startswith(f"job {job.id} (train): CANCELLED\n"), shown
     assert ": cancelled -> none" in shown, shown
