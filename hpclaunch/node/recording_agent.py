@@ -108,6 +108,7 @@ class RecordingAgent(LocalElasticAgent):
         self._early: dict[int, str] = {}
         self._ranks: dict[int, int] = {}  # local rank -> global rank, this attempt
         self.attempt = 0  # the job-wide attempt the workers run in (see _start_workers)
+        self._started: int | None = None  # the attempt this agent's last workers ran in
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_exit(self._monitor_wait_s)
@@ -348,7 +349,20 @@ class RecordingAgent(LocalElasticAgent):
         # The rendezvous round is the job-wide attempt (hpclaunch's handlers say it);
         # static rendezvous has only this agent's restart count.
         round_joined = getattr(spec.rdzv_handler, "attempt", None)
-        self.attempt = restart_count if round_joined is None else int(round_joined)
+        if round_joined is None:
+            self.attempt = restart_count
+        else:
+            self.attempt = next_attempt(int(round_joined), self._started)
+            if self.attempt != int(round_joined):
+                log.warning(
+                    "the rendezvous round went back to %s after attempt %s (its state was "
+                    "lost: an etcd that came back empty?); these workers run as attempt %d, "
+                    "so that no attempt's rank logs or records are overwritten",
+                    round_joined,
+                    self._started,
+                    self.attempt,
+                )
+        self._started = self.attempt
         self._early = {}
         self._ranks = {w.local_rank: w.global_rank for w in worker_group.workers}
         envs, args, prefixes = self._worker_envs(worker_group, restart_count)
@@ -453,6 +467,16 @@ class RecordingAgent(LocalElasticAgent):
             return  # torch's process context warns of it
         for sig in self._signals:
             signal.signal(sig, _raise_signal)
+
+
+def next_attempt(joined: int, last: int | None) -> int:
+    """The attempt workers that joined rendezvous round ``joined`` run in: that round,
+    but never at or below ``last``, the attempt this agent's workers last ran in. Rounds
+    only grow while the rendezvous state lives; one that was lost (an etcd that came
+    back wiped) counts from 0 again, and the new attempt's rank logs and failure records
+    would overwrite the first ones. Every agent that ran the same attempts takes the
+    same number. Pure."""
+    return joined if last is None or joined > last else last + 1
 
 
 # The stop signal this agent got, if any (a worker group that then exits 0 was stopped).
