@@ -15,6 +15,7 @@ global rank 0 prints ``RESULT {...}`` and writes it to ``--result``.
 
 Faults to try the machinery with:
   --crash-rank R --crash-at S   rank R exits 3 at step S, on the job's first attempt only
+      --crash-code C            with exit status C instead (0: a clean early exit)
   --fail-at S                   every rank raises at step S (a bug in the script)
   --bad-node NAME               workers on node NAME exit 4 at their first step (a bad GPU)
   --hang-rank R --hang-at S     rank R hangs at step S, on the job's first attempt only:
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--result", default=None, help="file for rank 0's RESULT line")
     parser.add_argument("--crash-rank", type=int, default=None)
     parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--crash-code", type=int, default=3)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--bad-node", default=None)
     parser.add_argument("--hang-rank", type=int, default=None)
@@ -115,8 +117,9 @@ def main() -> None:
             sys.stderr.write(f"rank {rank}: node {node} is bad\n")
             sys.exit(4)
         if rank == args.crash_rank and step == args.crash_at and first_attempt:
-            sys.stderr.write(f"rank {rank}: crashing at step {step}\n")
-            sys.exit(3)
+            what = "crashing" if args.crash_code else "exiting 0"
+            sys.stderr.write(f"rank {rank}: {what} at step {step}\n")
+            sys.exit(args.crash_code)
         if step == args.fail_at:
             raise ValueError(f"bad value at step {step}")
         if step == args.hang_at and hangs_here(args, rank, node, first_attempt):

@@ -104,7 +104,7 @@ def jobs_table(rows: Sequence[ListedJob]) -> str:
         table.append(
             (
                 str(row.job_id),
-                row.name,
+                row.name if len(row.name) <= NAME_CELL else f"{row.name[: NAME_CELL - 3]}...",
                 row.state or "unknown",
                 row.nodes or "-",
                 "-" if row.requeues is None else str(row.requeues),
@@ -112,7 +112,13 @@ def jobs_table(rows: Sequence[ListedJob]) -> str:
                 row.job_dir,
             )
         )
-    return columns(table)
+    why = [f"job {row.job_id} is unreadable: {row.error}" for row in rows if row.error]
+    return "\n".join([columns(table), *why])
+
+
+# The widest job name the table shows whole: a longer one (submitted before names were
+# limited, hpclaunch.job.paths) is cut, so that the other columns stay on the screen.
+NAME_CELL = 40
 
 
 def columns(table: Sequence[Sequence[str]]) -> str:

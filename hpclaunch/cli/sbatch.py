@@ -44,6 +44,8 @@ from hpclaunch.errors import HpclaunchError, SpecError
 from hpclaunch.job.spec import DEFAULT_SIGNAL_LEAD_S, JobSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from hpclaunch.job.profiles import Resolved
     from hpclaunch.slurm.submit import Submission
 
@@ -375,6 +377,7 @@ def resolve_job(
             f"training script {script!r} (from SCRIPT) is not a file in {obj.cwd}; "
             "check the path, or use -m for a module or --no-python for an executable",
         )
+    _check_path_lengths(done, obj.cwd)
     if done.spec.checkpoint_patterns:  # the patterns' reader loads only for a job with some
         from hpclaunch.jobdir.found_checkpoints import has_wildcard
 
@@ -384,6 +387,19 @@ def resolve_job(
                     "checkpoint_patterns", f"--checkpoint-pattern: {folder_pattern(pattern)}"
                 )
     return done
+
+
+def _check_path_lengths(done: Resolved, cwd: Path) -> None:
+    """The log and checkpoint folders' whole paths, from the submit folder, against
+    PATH_MAX (hpclaunch.job.paths). Raises SpecError saying where the value came from."""
+    from hpclaunch.job.paths import check_lengths
+
+    try:
+        check_lengths(done.spec.log_dir, done.spec.checkpoint_dir, cwd)
+    except SpecError as exc:
+        origin = done.origins.get(exc.field)
+        where = str(origin) if origin else f"the default --{exc.field.replace('_', '-')}"
+        raise SpecError(exc.field, f"{where}: {exc.message}") from None
 
 
 def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submission | None]:

@@ -24,7 +24,7 @@ from submitit.core import utils
 from submitit.local.local import LocalExecutor
 from submitit.slurm.slurm import SlurmExecutor
 
-from hpclaunch.errors import HpclaunchError, SlurmError
+from hpclaunch.errors import HpclaunchError, SlurmError, SpecError
 from hpclaunch.executor import params as parameters
 from hpclaunch.executor import sources
 from hpclaunch.executor.jobs import AnyJob, Job, LocalJob, attach
@@ -84,6 +84,7 @@ class _SlurmBackend(SlurmExecutor):
         """Render the script and make the log folder (SLURM does not create it)
         before anything is written or submitted."""
         spec = self.job_spec()
+        _check_path_lengths(spec)
         text = render(spec)
         if spec.checkpoint_dir is not None:
             _check_checkpoints(Path.cwd() / spec.checkpoint_dir, spec, self.array)
@@ -196,6 +197,20 @@ def _job_name(call: utils.DelayedSubmission) -> str:
         name = getattr(call.function, "__name__", "") or type(call.function).__name__
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "", name)
     return cleaned or "hpclaunch"
+
+
+def _check_path_lengths(spec: JobSpec) -> None:
+    """The log and checkpoint folders' whole paths against PATH_MAX, from the working
+    folder (hpclaunch.job.paths). Raises ExecutorError."""
+    from hpclaunch.job.paths import check_lengths
+
+    try:
+        check_lengths(spec.log_dir, spec.checkpoint_dir, Path.cwd())
+    except SpecError as exc:
+        raise ExecutorError(
+            f"{exc.field} (from update_parameters({exc.field}=...), a profile, or the "
+            f"executor's folder): {exc.message}"
+        ) from None
 
 
 def _make_folder(path: Path, name: str) -> None:

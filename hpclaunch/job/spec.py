@@ -29,6 +29,7 @@ from hpclaunch.contract.supervisor import (
 from hpclaunch.contract.values import NodeRange
 from hpclaunch.contract.worker_env import DEFAULT_LOG_DIR
 from hpclaunch.errors import SpecError
+from hpclaunch.job import paths
 from hpclaunch.job.managed import MANAGED_SBATCH_OPTIONS
 from hpclaunch.job.values import check_checkpoint_pattern, format_time, parse_mem
 
@@ -201,6 +202,7 @@ class JobSpec:
                 "name (%x), which would then point into a folder that does not exist: "
                 "use another character such as '-'",
             )
+        paths.check_job_name(self.effective_job_name, given=self.job_name is not None)
         if self.mem is not None:
             parse_mem(self.mem)
         _check_text("log_dir", self.log_dir, one_line=True)
@@ -212,8 +214,10 @@ class JobSpec:
                 f"{self.log_dir!r} contains a backslash, which makes SLURM ignore the %x and "
                 "%j patterns of the log file name; choose a folder without one",
             )
+        paths.check_components("log_dir", self.log_dir)
         if self.checkpoint_dir is not None:
             _check_text("checkpoint_dir", self.checkpoint_dir, one_line=False)
+            paths.check_components("checkpoint_dir", self.checkpoint_dir)
         for pattern in self.checkpoint_patterns:
             _check_text("checkpoint_patterns", pattern, one_line=True)
             check_checkpoint_pattern(pattern)

@@ -47,6 +47,16 @@ WAITED_FOR_HANG = "stopped by the hang detector while it waited for a hung rank:
 HANGS_TO_BAD_NODE = 2
 # A rank its node named while the hang could not be put on one node: not its own error.
 NOT_BLAMED = "hung, with no node to blame:"
+# A rank that exited 0 while the others of its group had not ended (see early_exit).
+EXITED_EARLY = "exited 0"
+
+
+def early_exit(step: int | None) -> str:
+    """The message of a rank that exited 0 while its peers went on: torch's agent waits
+    for the rest of the group and reports only the peers, which then fail waiting for
+    it (``Connection closed by peer``)."""
+    at = f" at step {step}" if step is not None else ""
+    return f"{EXITED_EARLY}{at} while the others trained on"
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,11 @@ class WorkerFailure:
     def symptom(self) -> bool:
         """Whether this failure is the echo of another worker's (see SYMPTOMS)."""
         return self.exitcode == -signal.SIGTERM or bool(SYMPTOMS.search(self.message))
+
+    @property
+    def early(self) -> bool:
+        """Whether this worker did not fail but exited 0 before its peers (early_exit)."""
+        return self.exitcode == 0
 
     @property
     def waited(self) -> bool:
@@ -129,11 +144,16 @@ def record_of(
     messages: Mapping[int, str] | None = None,
 ) -> NodeRecord:
     """The record of one failed attempt; ``messages`` (rank -> message) says what the
-    agent knows better than the worker's output (a hang it stopped)."""
+    agent knows better than the worker's output (a hang it stopped). A rank in
+    ``messages`` that did not fail exited 0 while the others went on: it is recorded
+    with exit code 0 (see early_exit)."""
     given = messages or {}
+    failed = {f.rank: f for f in failures}
     workers = tuple(
         WorkerFailure(f.rank, f.exitcode, given.get(f.rank) or message_of(f))
-        for f in sorted(failures, key=lambda f: f.rank)
+        if (f := failed.get(rank)) is not None
+        else WorkerFailure(rank, 0, given[rank])
+        for rank in sorted({*failed, *given})
     )
     return NodeRecord(node, node_rank, requeue_count, attempt, time.time(), workers)
 
@@ -203,6 +223,9 @@ class Verdict(enum.Enum):
     BAD_NODES = "errors on some nodes only"
     STORAGE = "a shared folder cannot be written"
     HANG = "collectives timed out, waiting for a rank that hung"
+    # A rank exited 0 (sys.exit(0), a return from main) while the others trained on;
+    # they failed without it. The script's choice, not a node's fault.
+    EARLY_EXIT = "a rank exited 0 while the others trained on"
     UNKNOWN = "no failure records"
 
 
@@ -247,12 +270,18 @@ def classify(
         return Finding(Verdict.STORAGE, message=said[0][2], storage=said[0][3], seen_on=seen_on)
     erred: dict[str, list[str]] = {}
     hung: dict[str, dict[int, str]] = {}  # node -> attempt -> the hang it began
+    early: list[str] = []  # "rank R exited 0 at step S ...", first first
     for record in ordered:
         for worker in record.own_errors:
-            if worker.message.startswith(HUNG):
+            if worker.early:
+                early.append(f"rank {worker.rank} {worker.message}")
+            elif worker.message.startswith(HUNG):
                 hung.setdefault(record.node, {}).setdefault(record.attempt, worker.message)
             else:
                 erred.setdefault(record.node, []).append(worker.message)
+    if early and not erred:
+        # The others failed because it left: naming them (or their nodes) would be wrong.
+        return Finding(Verdict.EARLY_EXIT, message=early[0])
     again = {
         node: list(began.values())
         for node, began in hung.items()

@@ -35,6 +35,9 @@ class Reason(enum.Enum):
     BUG = "the same error on every node"  # a bug in the script: no requeue helps
     STORAGE = "shared folder not writable"  # full, over quota, read-only: no node is to blame
     HANG = "hang"  # collectives timed out waiting for a rank; no node can be named yet
+    # A rank exited 0 while the others trained on, and they failed without it: the
+    # script's choice, which a requeue would repeat (hpclaunch.jobdir.failures).
+    EARLY_EXIT = "a rank exited early"
     # A node's agent (or the step's srun) was killed by a signal: the OOM killer, a crash
     # or an administrator (hpclaunch.recovery.stepdeath). A node fault, as BAD_NODES is.
     AGENT_DIED = "agent died"

@@ -27,8 +27,9 @@ _PREFIX = "hpclaunch/same-error"
 
 def own_error(workers: Sequence[WorkerFailure]) -> str | None:
     """The one error every worker of ``workers`` failed with by itself, normalised; None
-    when any was stopped, waited for a peer, died of a signal, or failed otherwise. Pure."""
-    if not workers or any(w.symptom or w.waited or w.exitcode < 0 for w in workers):
+    when any was stopped, waited for a peer, died of a signal, exited 0 early (the
+    others failed without it), or failed otherwise. Pure."""
+    if not workers or any(w.symptom or w.waited or w.exitcode <= 0 for w in workers):
         return None
     forms = {normalise(w.message) for w in workers}
     return forms.pop() if len(forms) == 1 else None

@@ -32,9 +32,9 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, Signa
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
 from torch.distributed.elastic.utils.api import macros
 
-from hpclaunch import procs
+from hpclaunch import procs, progress
 from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
-from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE
+from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE, early_exit
 from hpclaunch.node import failfast, step_signals, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
@@ -55,8 +55,10 @@ StartProcesses = Callable[..., PContext]
 # Called with the attempt's number: hpclaunch's part of that attempt's worker environment.
 WorkerEnv = Callable[[int], Mapping[str, str]]
 # Called with the failed attempt's result, the attempt's number, and the messages of the
-# ranks the hang watch stopped (rank -> message; empty when none hung); returns the one
-# error every worker of the node failed with by itself, if so (hpclaunch.node.failfast).
+# ranks the agent knows better than their output (rank -> message: the ranks the hang
+# watch stopped, the ranks that exited 0 while the others went on; empty when none);
+# returns the one error every worker of the node failed with by itself, if so
+# (hpclaunch.node.failfast).
 OnFailure = Callable[[RunResult, int, Mapping[int, str]], str | None]
 # After a worker failed, how long the node's other workers get to fail by themselves
 # before they are stopped: a bug fails every worker at about the same point.
@@ -100,10 +102,17 @@ class RecordingAgent(LocalElasticAgent):
         self._hung: dict[int, str] = {}  # rank -> message, in an attempt the watch stopped
         self._hung_first = 0  # attempts whose hang began on this node
         self._blamed = False  # the latest hang began on this node
+        # global rank -> message, of the ranks of this attempt that exited 0 while
+        # another of the node's ranks had not (torch waits for the rest of the group
+        # and reports only the peers that failed without them).
+        self._early: dict[int, str] = {}
+        self._ranks: dict[int, int] = {}  # local rank -> global rank, this attempt
         self.attempt = 0  # the job-wide attempt the workers run in (see _start_workers)
+        self._started: int | None = None  # the attempt this agent's last workers ran in
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_exit(self._monitor_wait_s)
+        self._note_early_exits()
         if self._sweeper is not None:
             self._sweeper.reap(owned=self._worker_pids())
         self._hung = self._end_a_hang()
@@ -116,7 +125,8 @@ class RecordingAgent(LocalElasticAgent):
             self._hangs.ended()  # the group's last progress
         if result.is_failed() and self._on_failure is not None:
             try:
-                error = self._on_failure(result, self.attempt, self._hung)
+                known = {**self._early, **self._hung}
+                error = self._on_failure(result, self.attempt, known)
             except SignalException:
                 raise  # a stop: torch's run() must see it
             except Exception:  # a record is worth less than the job: log and go on
@@ -132,6 +142,30 @@ class RecordingAgent(LocalElasticAgent):
                 )
                 self._remaining_restarts = 0
         return result
+
+    def _note_early_exits(self) -> None:
+        """Note each rank that exited 0 while another rank of the node had not ended
+        cleanly, with the step its progress shows; not one that did every step its
+        script announced (progress.report(total=...)): that one finished."""
+        ended = self._exit_codes()
+        clean = [local for local, code in ended.items() if code == 0]
+        if not clean or len(clean) == len(self._ranks):
+            return  # none, or the whole group ended cleanly (done)
+        for local in clean:
+            rank = self._ranks.get(local, local)
+            if rank in self._early:
+                continue
+            seen = self._progress_of(local)
+            if seen is not None and seen.total is not None and seen.step >= seen.total:
+                continue
+            self._early[rank] = early_exit(seen.step if seen is not None else None)
+            log.warning("rank %d %s", rank, self._early[rank])
+
+    def _progress_of(self, local_rank: int) -> progress.Progress | None:
+        """What ``local_rank``'s progress file of this attempt says, if there is one."""
+        if self._hangs is None:
+            return None
+        return progress.read(str(self._hangs.folder(self.attempt) / f"local-{local_rank}.progress"))
 
     def _end_a_hang(self) -> dict[int, str]:
         """When the hang watch finds the workers hung: their stacks and the report in the
@@ -315,7 +349,22 @@ class RecordingAgent(LocalElasticAgent):
         # The rendezvous round is the job-wide attempt (hpclaunch's handlers say it);
         # static rendezvous has only this agent's restart count.
         round_joined = getattr(spec.rdzv_handler, "attempt", None)
-        self.attempt = restart_count if round_joined is None else int(round_joined)
+        if round_joined is None:
+            self.attempt = restart_count
+        else:
+            self.attempt = next_attempt(int(round_joined), self._started)
+            if self.attempt != int(round_joined):
+                log.warning(
+                    "the rendezvous round went back to %s after attempt %s (its state was "
+                    "lost: an etcd that came back empty?); these workers run as attempt %d, "
+                    "so that no attempt's rank logs or records are overwritten",
+                    round_joined,
+                    self._started,
+                    self.attempt,
+                )
+        self._started = self.attempt
+        self._early = {}
+        self._ranks = {w.local_rank: w.global_rank for w in worker_group.workers}
         envs, args, prefixes = self._worker_envs(worker_group, restart_count)
         self._setup_local_watchdog(envs=envs)
         self._setup_healthcheck()
@@ -418,6 +467,16 @@ class RecordingAgent(LocalElasticAgent):
             return  # torch's process context warns of it
         for sig in self._signals:
             signal.signal(sig, _raise_signal)
+
+
+def next_attempt(joined: int, last: int | None) -> int:
+    """The attempt workers that joined rendezvous round ``joined`` run in: that round,
+    but never at or below ``last``, the attempt this agent's workers last ran in. Rounds
+    only grow while the rendezvous state lives; one that was lost (an etcd that came
+    back wiped) counts from 0 again, and the new attempt's rank logs and failure records
+    would overwrite the first ones. Every agent that ran the same attempts takes the
+    same number. Pure."""
+    return joined if last is None or joined > last else last + 1
 
 
 # The stop signal this agent got, if any (a worker group that then exits 0 was stopped).

@@ -109,6 +109,7 @@ class JobStatus:
     batch_log: str | None = None
     runs: list[RunSummary] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unreadable: str | None = None  # why the job folder could not be read at all
     slurm_forgot: bool = False  # scontrol: "Invalid job id", and no sacct answer
     slurm_unreachable: bool = False  # SLURM's commands are missing, or did not answer
     goodput: goodput.Split | None = None  # the wall time's split (hpclaunch.record.goodput)
@@ -174,6 +175,9 @@ def gather(
             f"job {job_id}'s folder is unknown (not in {registry.path(env)}, and SLURM "
             "does not say where its log is); pass --job-dir LOG_DIR/JOBID"
         )
+    elif (unreadable := _unreadable(folder)) is not None:
+        status.unreadable = unreadable
+        status.notes.append(unreadable)
     elif not folder.is_dir():
         status.notes.append(f"job folder {folder} does not exist (or is not shared here)")
     else:
@@ -219,11 +223,32 @@ def find(
     return status
 
 
+def _unreadable(folder: Path) -> str | None:
+    """Why the job folder ``folder`` cannot even be looked at (a name too long, no
+    permission on the way to it); None when it can (it may not exist)."""
+    try:
+        folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return f"job folder {_short(str(folder))} cannot be read: {exc.strerror or exc}"
+    return None
+
+
+def _short(path: str) -> str:
+    """``path``, its middle cut out when it is long (a log line, a table cell)."""
+    return path if len(path) <= 120 else f"{path[:60]}...{path[-40:]} ({len(path)} characters)"
+
+
 def _batch_log(log_dir: Path, job_id: int, name: str | None) -> str | None:
-    """``LOG_DIR/NAME-JOBID.out``, the rendered script's --output."""
-    if name is not None and batch_log(log_dir, name, job_id).exists():
-        return str(batch_log(log_dir, name, job_id))
-    found = sorted(log_dir.glob(batch_log(Path(), "*", job_id).name))
+    """``LOG_DIR/NAME-JOBID.out``, the rendered script's --output; a name too long for a
+    file name (before hpclaunch refused one at submit) is looked for by the job id."""
+    try:
+        if name is not None and batch_log(log_dir, name, job_id).exists():
+            return str(batch_log(log_dir, name, job_id))
+        found = sorted(log_dir.glob(batch_log(Path(), "*", job_id).name))
+    except OSError:
+        return None
     return str(found[0]) if found else None
 
 

@@ -68,10 +68,15 @@ STOPPED_STATUSES = frozenset(
 
 
 # Verdicts of the failure records that end the job, and the reason recorded.
-_ENDING = {Verdict.STORAGE: Reason.STORAGE, Verdict.HANG: Reason.HANG, Verdict.BUG: Reason.BUG}
+_ENDING = {
+    Verdict.STORAGE: Reason.STORAGE,
+    Verdict.HANG: Reason.HANG,
+    Verdict.BUG: Reason.BUG,
+    Verdict.EARLY_EXIT: Reason.EARLY_EXIT,
+}
 # Verdicts that a dead agent does not override: the survivors' records show an error
 # no requeue helps (a hang is the echo of the dead agent's lost ranks, so it yields).
-_NOT_NODES = (Verdict.STORAGE, Verdict.BUG)
+_NOT_NODES = (Verdict.STORAGE, Verdict.BUG, Verdict.EARLY_EXIT)
 
 
 def decide(s: Situation) -> Decision:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +29,8 @@ STOPS = frozenset({signal.SIGTERM, signal.SIGINT})
 class Step(Protocol):
     """What the supervisor saw of the step (hpclaunch.recovery.step.StepResult)."""
 
+    @property
+    def status(self) -> int: ...
     @property
     def signals(self) -> tuple[int, ...]: ...
     @property
@@ -71,3 +73,42 @@ def unseen(job_dir: Path | None, requeue: int, nodes: Sequence[str], step: Step)
             taken,
         )
     return None if sig is None else int(sig)
+
+
+def stopped_status(
+    first_signal: int | None, status: int, ended: Mapping[str, int], nodes: Sequence[str]
+) -> int | None:
+    """The status to take for a step that ended with 0 after the supervisor got a
+    signal and passed it on (scancel, the time-limit warning, a preemption): 128 + that
+    signal, unless every node's agent noted 0 in ``ended`` (node -> its exit status),
+    which only a training that finished does. None when the step's status stands. Pure.
+
+    srun's 0 proves nothing then: once the step's tasks got SLURM's SIGTERM, srun waits
+    KillWait seconds for them and, past that, says "Timed out waiting for job step to
+    complete" and exits 0 (SLURM 22.05), while the agents were stopped mid-training."""
+    if first_signal is None or status != 0 or first_signal not in WARNINGS | STOPS:
+        return None
+    if nodes and all(ended.get(node) == 0 for node in nodes):
+        return None
+    return 128 + first_signal
+
+
+def not_completed(
+    job_dir: Path | None, requeue: int, nodes: Sequence[str], step: Step
+) -> int | None:
+    """``stopped_status`` from the agents' notes of run ``requeue``, said in the log."""
+    first = step.signals[0] if step.signals else None
+    if first is None or step.status != 0:
+        return None
+    ended = read_run(job_dir, requeue).ended(tuple(nodes)) if job_dir is not None else {}
+    taken = stopped_status(first, step.status, ended, nodes)
+    if taken is not None:
+        noted = ", ".join(f"{node} {ended[node]}" for node in nodes if node in ended)
+        log.warning(
+            "supervisor: the step ended with status 0 after %s, but not every agent "
+            "ended its training (%s): the step was stopped by %s, not completed",
+            signal.Signals(first).name,
+            f"exit statuses noted: {noted}" if noted else "no agent noted its end",
+            signal.Signals(first).name,
+        )
+    return taken

@@ -216,6 +216,9 @@ class Supervisor:
         unseen = stops.unseen(self.job_dir, self.requeue_count, job_nodes(self.env), result)
         if unseen is not None:  # every agent was stopped by a signal sent to the steps only
             result = replace(result, signals=(unseen,))
+        stopped = stops.not_completed(self.job_dir, self.requeue_count, job_nodes(self.env), result)
+        if stopped is not None:  # srun said 0, but the signal stopped the training
+            result = replace(result, status=stopped)
         if result.signals:
             self.patience.signalled()
         restarts = (

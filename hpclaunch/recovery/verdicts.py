@@ -25,7 +25,11 @@ from hpclaunch.slurm.commands import NodeState, Slurm
 log = logging.getLogger(__name__)
 
 # The reasons a job ends with a verdict (``explain``) in its history, by verdict.
-REASON_OF = {Verdict.STORAGE: Reason.STORAGE, Verdict.HANG: Reason.HANG}
+REASON_OF = {
+    Verdict.STORAGE: Reason.STORAGE,
+    Verdict.HANG: Reason.HANG,
+    Verdict.EARLY_EXIT: Reason.EARLY_EXIT,
+}
 REASONS = frozenset(REASON_OF.values())
 # A test write this large is refused by a filesystem with no block left.
 _PROBE_BYTES = 4096
@@ -159,6 +163,15 @@ def explain(
             f"({finding.message}): no node is to blame, so none is kept out and the job is "
             f"not requeued. `hpclaunch status {job_id}` names the rank each hang began with, "
             f"and where every rank waited{where}; mend the cause, then "
+            f"`scontrol requeue {job_id}` resumes the job from its last checkpoint"
+        )
+    if finding.verdict is Verdict.EARLY_EXIT:
+        return (
+            f"{finding.message}: its script ended there by itself (sys.exit(0), or a return "
+            "from main) before the others were done, and they failed without it. That is "
+            "the script's doing, not a node's: none is kept out and the job is not "
+            "requeued (it would end the same way). Let every rank run to the same end (a "
+            "collective such as dist.barrier() before leaving), then "
             f"`scontrol requeue {job_id}` resumes the job from its last checkpoint"
         )
     if finding.verdict is Verdict.HANG:

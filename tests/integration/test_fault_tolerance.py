@@ -5,6 +5,7 @@ requeues, and leaves no process of the job behind."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -211,10 +212,51 @@ def test_the_same_error_everywhere_fails_without_requeue(sandbox: Running, tmp_p
     assert "a bug in the script, which restarting would not mend" in job.log
 
 
-def test_scancel_never_requeues(sandbox: Running, tmp_path: Path) -> None:
-    job = submit(sandbox, tmp_path)
+@pytest.mark.parametrize("stuck", [False, True])
+def test_scancel_never_requeues(sandbox: Running, tmp_path: Path, stuck: bool) -> None:
+    """A cancelled job is said cancelled everywhere. With a rank stuck in the checkpoint
+    it writes on the signal, the agents outlast SLURM's KillWait and srun exits 0 ("Timed
+    out waiting for job step to complete"), which once made the supervisor say "job
+    completed"."""
+    job = submit(sandbox, tmp_path, *INTERRUPTIBLE, *(("--hang-when-stopping", "1") * stuck))
     job.wait_checkpoint(4)
     job.run("scancel", str(job.id))
     assert job.wait_end() == "CANCELLED"
     assert job.fields()["Restarts"] == "0"
-    assert job.history() == [(0, "cancelled", "none")]
+    assert job.history() == [(0, "cancelled", "none")], job.log
+    assert "supervisor: the job ends: cancelled" in job.log
+    assert "job completed" not in job.log
+    if stuck:  # what srun said, and what the supervisor made of it
+        assert "srun: error: Timed out waiting for job step to complete" in job.log
+        assert (
+            "supervisor: the step ended with status 0 after SIGTERM, but not every agent "
+            "ended its training (no agent noted its end): the step was stopped by SIGTERM, "
+            "not completed"
+        ) in job.log
+    shown = job.status()
+    assert shown.startswith(f"job {job.id} (train): CANCELLED\n"), shown
+    assert ": cancelled -> none" in shown, shown
+
+
+def test_a_rank_that_exits_0_early_is_named_not_its_peers(
+    sandbox: Running, tmp_path: Path, uninterrupted: str
+) -> None:
+    """Rank 3 calls sys.exit(0) at step 12 while the others train on: they fail on the
+    closed connection, the group restarts in place from step 9's checkpoint, and the
+    restart names rank 3's early exit, not the peer that saw the connection close."""
+    job = submit(sandbox, tmp_path, *CRASH, "--crash-code", "0")
+    check_restarted_in_place(job, uninterrupted)
+    restart = re.compile(
+        r"restart: +attempt 1 began after attempt 0 failed: "
+        r"rank 3 on n\d: exited 0 at step 12 while the others trained on$",
+        re.MULTILINE,
+    )
+    assert restart.search(job.status()), job.status()
+    records = sorted((job.job_dir / "failures" / "requeue-0" / "attempt-0").glob("node-*.json"))
+    workers = [w for path in records for w in json.loads(path.read_text())["workers"]]
+    assert {
+        "rank": 3,
+        "exitcode": 0,
+        "message": "exited 0 at step 12 while the others trained on",
+    } in workers
+    assert all(w["exitcode"] != 0 for w in workers if w["rank"] != 3), workers

@@ -154,3 +154,38 @@ def test_an_nccl_watchdog_abort_is_a_timeout_not_an_error_of_its_own(tmp_path: P
     err.write_text("[rank0]: Traceback (most recent call last):\n[rank0]: ValueError: bad\n")
     own = failures.message_of(Failure(0, 0, 1, 1, 0.0, "", str(err)))
     assert own == "ValueError: bad"
+
+
+EARLY = failures.early_exit(12)
+
+
+def test_an_early_clean_exit_is_named_not_its_peers() -> None:
+    # Rank 3 exited 0 at step 12; ranks 0-2 then failed on the closed connection.
+    records = [
+        rec("n1", 0, (0, 1, PEER), (1, 1, PEER)),
+        rec("n2", 0, (2, 1, PEER), (3, 0, EARLY)),
+    ]
+    found = classify(records, ["n1", "n2"])
+    assert found == Finding(
+        Verdict.EARLY_EXIT, message="rank 3 exited 0 at step 12 while the others trained on"
+    )
+    assert failures.culprit(records, found) == "n2"
+    # Not a bad node to requeue without: the job ends, saying so.
+    assert decide(Situation(1, None, 0, None, 3, found)) == Decision(
+        Action.NONE, Reason.EARLY_EXIT, 1
+    )
+
+
+def test_an_error_of_a_rank_own_outweighs_an_early_exit() -> None:
+    records = [rec("n1", 0, (0, 4, BAD)), rec("n2", 0, (2, 1, PEER), (3, 0, EARLY))]
+    assert classify(records, ["n1", "n2"]) == Finding(Verdict.BAD_NODES, ("n1",), BAD)
+
+
+def test_a_rank_that_exited_early_is_recorded_with_exit_code_0() -> None:
+    peer = Failure(2, 0, 1, 10, 0.0)
+    record = failures.record_of("n2", 1, 0, 0, [peer], messages={3: failures.early_exit(None)})
+    assert [(w.rank, w.exitcode, w.early) for w in record.workers] == [
+        (2, 1, False),
+        (3, 0, True),
+    ]
+    assert record.workers[1].message == "exited 0 while the others trained on"

@@ -131,4 +131,50 @@ def test_the_list_rows_are_the_json_keys(tmp_path: Path) -> None:
     assert row == listing.ListedJob(JOB, "train", "PENDING", "n1", None, 5.0, str(tmp_path / "55"))
     obj = CliContext(slurm=Slurm(_scontrol("PENDING")), cwd=tmp_path, env=env)
     rows = json.loads(CliRunner().invoke(main, ["list", "--json"], obj=obj).stdout)
-    assert list(rows[0]) == ["job_id", "name", "state", "nodes", "requeues", "submitted", "job_dir"]
+    assert list(rows[0]) == [
+        "job_id",
+        "name",
+        "state",
+        "nodes",
+        "requeues",
+        "submitted",
+        "job_dir",
+        "error",
+    ]
+
+
+def test_a_broken_entry_is_listed_as_unreadable_and_the_others_all_the_same(
+    tmp_path: Path,
+) -> None:
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    for job in (55, 56, 57):
+        (tmp_path / str(job)).mkdir()
+    registry.add(env, registry.Entry(55, str(tmp_path / "55"), "train", 5.0))
+    # A name no file name can hold (accepted before names were checked at submit): its
+    # batch log cannot even be looked for by that name.
+    registry.add(env, registry.Entry(56, str(tmp_path / "56"), "a" * 300, 6.0))
+    broken = tmp_path / ("d" * 300) / "57"  # stat() of it fails: File name too long
+    registry.add(env, registry.Entry(57, str(broken), "train", 7.0))
+    registry.add(env, registry.Entry(58, str(tmp_path / "58"), "train", 8.0))
+    obj = CliContext(slurm=Slurm(_scontrol("RUNNING")), cwd=tmp_path, env=env)
+    done = CliRunner().invoke(main, ["list"], obj=obj)
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
+    assert [line.split()[:3] for line in lines[1:5]] == [
+        ["55", "train", "RUNNING"],
+        ["56", "a" * 37 + "...", "RUNNING"],
+        [
+            "57",
+            "train",
+            "RUNNING",
+        ],
+        ["58", "train", "RUNNING"],
+    ]
+    assert "(unreadable)" in lines[3]
+    assert lines[5] == (
+        f"job 57 is unreadable: job folder {str(broken)[:60]}...{str(broken)[-40:]} "
+        f"({len(str(broken))} characters) cannot be read: File name too long"
+    )
+    for job in (56, 55):  # status of each job, the long-named one too
+        shown = CliRunner().invoke(main, ["status", str(job)], obj=obj)
+        assert shown.exit_code == 0 and f"job {job} (" in shown.stdout, shown.output

@@ -42,6 +42,7 @@ def test_the_signal_that_stopped_every_agent(
 
 @dataclass(frozen=True)
 class Step:
+    status: int = 0
     signals: tuple[int, ...] = ()
     died: tuple[object, ...] = ()
     srun_signal: int | None = None
@@ -59,3 +60,36 @@ def test_a_quiet_step_whose_agents_all_noted_a_stop_was_stopped(tmp_path: Path) 
     assert stops.unseen(tmp_path, 1, ["n1", "n2"], Step(died=("n2",))) is None
     assert stops.unseen(tmp_path, 1, ["n1", "n2"], Step(srun_signal=9)) is None
     assert stops.unseen(None, 1, ["n1", "n2"], Step()) is None
+
+
+@pytest.mark.parametrize(
+    ("first", "status", "ended", "expected"),
+    [
+        # srun timed out waiting for the stopped agents and said 0 (scancel): stopped
+        (TERM, 0, {"n1": 143, "n2": 143}, 143),
+        (TERM, 0, {"n1": 143}, 143),  # n2's agent was killed before it noted its end
+        (TERM, 0, {}, 143),
+        (USR1, 0, {"n1": 0, "n2": 138}, 138),  # the time-limit warning: requeued after
+        # every agent ended its training with 0 before the signal reached it: completed
+        (TERM, 0, {"n1": 0, "n2": 0}, None),
+        # no signal, or srun said how the step ended: its status stands
+        (None, 0, {}, None),
+        (TERM, 143, {"n1": 143, "n2": 143}, None),
+        (signal.SIGHUP, 0, {}, None),
+    ],
+)
+def test_a_step_that_srun_says_ended_0_after_a_signal(
+    first: int | None, status: int, ended: dict[str, int], expected: int | None
+) -> None:
+    assert stops.stopped_status(first, status, ended, ["n1", "n2"]) == expected
+
+
+def test_the_agents_notes_tell_a_stopped_step_from_a_completed_one(tmp_path: Path) -> None:
+    folder = JobFolder(tmp_path)
+    agent_ends.write(folder, 0, AgentEnd("n1", 0))
+    agent_ends.write(folder, 0, AgentEnd("n2", 143))
+    stopped = Step(0, (int(TERM),))
+    assert stops.not_completed(tmp_path, 0, ["n1", "n2"], stopped) == 143
+    agent_ends.write(folder, 0, AgentEnd("n2", 0))
+    assert stops.not_completed(tmp_path, 0, ["n1", "n2"], stopped) is None
+    assert stops.not_completed(tmp_path, 0, ["n1", "n2"], Step(143, (int(TERM),))) is None
