@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from hpclaunch.contract.agent import AgentSettings, RankOrder
 from hpclaunch.contract.worker_env import framework_env
 from hpclaunch.errors import HpclaunchError, SlurmError
-from hpclaunch.jobdir import failures, joblogs
+from hpclaunch.jobdir import failures, joblogs, unwritten
 from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node import ports
@@ -400,8 +400,16 @@ def _failed_for_good(block: str, ctx: NodeContext, opts: AgentSettings, job: Pat
     """The workers failed for good: the root-cause block to the supervisor (which prints
     one for the whole job, from the right node), else printed; the exit status."""
     if opts.supervised:
-        path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
-        log.error("workers failed for good; root-cause block in %s", path)
-    else:
-        print(block, file=sys.stderr, flush=True)
+        try:
+            path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
+        except OSError as exc:  # the supervisor cannot print it: this log has it
+            what = "the root-cause block into"
+            log.error(
+                "workers failed for good; %s",
+                unwritten.line(what, job / "failures", exc, "it follows here instead"),
+            )
+        else:
+            log.error("workers failed for good; root-cause block in %s", path)
+            return 1
+    print(block, file=sys.stderr, flush=True)
     return 1

@@ -22,7 +22,7 @@ from hpclaunch.jobdir import failures, hangs, saves
 from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.ops import deadends, registry
-from hpclaunch.record import checkpoints, goodput, lost_work, signals, training
+from hpclaunch.record import checkpoints, goodput, lost_work, signals, training, unclosed
 from hpclaunch.record.attempts import Attempt, of_job
 from hpclaunch.record.checkpoints import Kind, Saved
 from hpclaunch.record.goodput import Timeline
@@ -71,6 +71,8 @@ class RunSummary:
     ended: float | None
     reason: str | None
     action: str | None
+    # An open run that has ended (hpclaunch.record.unclosed): shown instead of "running".
+    unclosed: str | None = None
 
 
 @dataclass
@@ -198,7 +200,25 @@ def gather(
         _from_record(record, status, submitted, now)
     if status.batch_log is None and status.job_dir is not None:
         status.batch_log = _batch_log(Path(status.job_dir).parent, job_id, status.name)
+    _unclosed(status)
     return status
+
+
+def _unclosed(status: JobStatus) -> None:
+    """The runs the history leaves open that have ended, as far as SLURM's state (not a
+    state the history gave) and the batch log tell (hpclaunch.record.unclosed)."""
+    if not any(run.reason is None for run in status.runs):
+        return
+    from_slurm = status.state_source in (Source.SCONTROL.value, Source.SACCT.value)
+    state = status.job_state if from_slurm else None
+    last = status.runs[-1]
+    ended = last.reason is None and state is not None and state.final
+    error = unclosed.said_unwritten(status.batch_log) if ended else None
+    found = unclosed.texts([(r.requeue, r.reason) for r in status.runs], state, error)
+    status.runs = [replace(run, unclosed=found.get(run.requeue)) for run in status.runs]
+    if ended and state is not None and status.job_dir is not None:
+        history = JobFolder(Path(status.job_dir)).history
+        status.notes.append(unclosed.note(last.requeue, state, error, history))
 
 
 class JobNotFound(HpclaunchError):

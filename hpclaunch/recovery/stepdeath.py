@@ -18,6 +18,7 @@ log line by line (``Tee``) and keeps these lines.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import sys
@@ -91,12 +92,13 @@ class Tee:
     def _copy(self) -> None:
         out = sys.stderr.buffer
         raw: IO[bytes] | None = None
+        refused = False  # the job folder refused the noise file: its lines are only counted
         try:
             for line in iter(self.source.readline, b""):
                 if self.raw is not None and self.noise.take(line.decode(errors="replace")):
-                    raw = raw or _open(self.raw)
-                    if raw is not None:
-                        raw.write(line)
+                    raw = raw or (None if refused else _open(self.raw))
+                    if raw is not None and not _wrote(raw, line):
+                        refused, raw = True, None
                     continue
                 out.write(line)
                 out.flush()
@@ -105,7 +107,7 @@ class Tee:
         finally:
             self.source.close()
             if raw is not None:
-                raw.close()
+                _wrote(raw, None)
 
     def summary(self) -> list[str]:
         """What the noise taken out amounts to (once the copy has ended: ``deaths``)."""
@@ -116,6 +118,21 @@ class Tee:
         if self._thread is not None:
             self._thread.join(_JOIN_S)
         return deaths(list(self.kept))
+
+
+def _wrote(raw: IO[bytes], line: bytes | None) -> bool:
+    """``line`` appended to the noise file (None: the file closed); False, with the file
+    closed, when the job folder refused it: the copy of srun's stderr must go on."""
+    try:
+        if line is None:
+            raw.close()
+        else:
+            raw.write(line)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):  # the buffer it could not flush is lost with it
+            raw.close()
+        return False
 
 
 def _open(path: Path) -> IO[bytes] | None:
