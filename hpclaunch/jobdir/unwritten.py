@@ -39,8 +39,10 @@ def fix(exc: OSError, folder: Path | str) -> str:
 
 def line(what: str, path: Path | str, exc: OSError, consequence: str) -> str:
     """The one line for ``what`` (at ``path``) that could not be written: the error,
-    what it means for the job (``consequence``), and the fix. Pure."""
-    folder = Path(path).parent
+    what it means for the job (``consequence``), and the fix, for the folder of the
+    path the error names (a temporary file's, a folder not made) or else of ``path``.
+    Pure."""
+    folder = Path(exc.filename if isinstance(exc.filename, str) else path).parent
     return f"could not write {what} {path}: {how(exc)}; {consequence}. Fix: {fix(exc, folder)}"
 
 

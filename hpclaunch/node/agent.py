@@ -145,8 +145,10 @@ def after_run(
                 ctx.restart_count,
                 AgentEnd(ctx.hostname, status, killer.name if killer is not None else None),
             )
-        except OSError as exc:
-            log.warning("could not note this agent's end in %s: %s", job_dir, exc)
+        except OSError as exc:  # the supervisor does without it (srun's status says it)
+            note = JobFolder(job_dir).agent_end(ctx.restart_count, ctx.hostname)
+            said = "the supervisor does without it"
+            log.warning("%s", unwritten.line("this agent's end note", note, exc, said))
         if not opts.no_kill:
             return status
         return deputy.after_agent(
