@@ -21,8 +21,8 @@ from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.jobdir import failures, hangs, saves
 from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
-from hpclaunch.ops import deadends, registry
-from hpclaunch.record import checkpoints, goodput, lost_work, signals, training, unclosed
+from hpclaunch.ops import deadends, registry, unclosed
+from hpclaunch.record import checkpoints, goodput, lost_work, signals, training
 from hpclaunch.record.attempts import Attempt, of_job
 from hpclaunch.record.checkpoints import Kind, Saved
 from hpclaunch.record.goodput import Timeline
@@ -71,7 +71,7 @@ class RunSummary:
     ended: float | None
     reason: str | None
     action: str | None
-    # An open run that has ended (hpclaunch.record.unclosed): shown instead of "running".
+    # An open run that has ended (hpclaunch.ops.unclosed): shown instead of "running".
     unclosed: str | None = None
 
 
@@ -206,7 +206,7 @@ def gather(
 
 def _unclosed(status: JobStatus) -> None:
     """The runs the history leaves open that have ended, as far as SLURM's state (not a
-    state the history gave) and the batch log tell (hpclaunch.record.unclosed)."""
+    state the history gave) and the batch log tell (hpclaunch.ops.unclosed)."""
     if not any(run.reason is None for run in status.runs):
         return
     from_slurm = status.state_source in (Source.SCONTROL.value, Source.SACCT.value)

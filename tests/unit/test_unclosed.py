@@ -1,11 +1,11 @@
 """Runs the history leaves open after they ended: what `hpclaunch status` says of them,
-from plain values (hpclaunch.record.unclosed)."""
+from plain values (hpclaunch.ops.unclosed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpclaunch.record.unclosed import error_of, note, texts
+from hpclaunch.ops.unclosed import error_of, note, texts
 from hpclaunch.slurm.states import JobState
 
 LOG = (
