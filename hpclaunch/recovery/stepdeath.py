@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from hpclaunch.jobdir.unwritten import how
 from hpclaunch.recovery.noise import Noise
 
 _TASK_DIED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+?)\s*$")
@@ -82,6 +83,7 @@ class Tee:
     raw: Path | None = None
     kept: list[str] = field(default_factory=list)
     noise: Noise = field(default_factory=Noise)
+    refused: OSError | None = None  # what the job folder said to the noise file, if it did
     _thread: threading.Thread | None = None
 
     def start(self) -> Tee:
@@ -92,13 +94,14 @@ class Tee:
     def _copy(self) -> None:
         out = sys.stderr.buffer
         raw: IO[bytes] | None = None
-        refused = False  # the job folder refused the noise file: its lines are only counted
         try:
             for line in iter(self.source.readline, b""):
                 if self.raw is not None and self.noise.take(line.decode(errors="replace")):
-                    raw = raw or (None if refused else _open(self.raw))
-                    if raw is not None and not _wrote(raw, line):
-                        refused, raw = True, None
+                    # Once the job folder refused the file, its lines are only counted.
+                    raw = raw or (None if self.refused else _open(self.raw))
+                    if raw is not None:
+                        self.refused = _wrote(raw, line)
+                        raw = None if self.refused else raw
                     continue
                 out.write(line)
                 out.flush()
@@ -107,11 +110,15 @@ class Tee:
         finally:
             self.source.close()
             if raw is not None:
-                _wrote(raw, None)
+                self.refused = _wrote(raw, None)
 
     def summary(self) -> list[str]:
         """What the noise taken out amounts to (once the copy has ended: ``deaths``)."""
-        return self.noise.summary(str(self.raw)) if self.raw is not None else []
+        if self.raw is None:
+            return []
+        if self.refused is not None:
+            return self.noise.summary(f"{self.raw} (which refused them: {how(self.refused)})")
+        return self.noise.summary(str(self.raw))
 
     def deaths(self) -> tuple[Death, ...]:
         """The deaths srun reported (waits for the end of its stderr, a while)."""
@@ -120,19 +127,19 @@ class Tee:
         return deaths(list(self.kept))
 
 
-def _wrote(raw: IO[bytes], line: bytes | None) -> bool:
-    """``line`` appended to the noise file (None: the file closed); False, with the file
-    closed, when the job folder refused it: the copy of srun's stderr must go on."""
+def _wrote(raw: IO[bytes], line: bytes | None) -> OSError | None:
+    """``line`` appended to the noise file (None: the file closed); the error, with the
+    file closed, when the job folder refused it: the copy of srun's stderr must go on."""
     try:
         if line is None:
             raw.close()
         else:
             raw.write(line)
-        return True
-    except OSError:
+        return None
+    except OSError as exc:
         with contextlib.suppress(OSError):  # the buffer it could not flush is lost with it
             raw.close()
-        return False
+        return exc
 
 
 def _open(path: Path) -> IO[bytes] | None:
