@@ -37,6 +37,7 @@ from torch.distributed.elastic.utils.api import macros
 
 from hpclaunch import procs
 from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
+from hpclaunch.jobdir import unwritten
 from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE
 from hpclaunch.node import failfast, step_signals, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
@@ -125,6 +126,11 @@ class RecordingAgent(LocalElasticAgent):
                 error = self._on_failure(result, self.attempt, self._hung)
             except SignalException:
                 raise  # a stop: torch's run() must see it
+            except OSError as exc:  # the job folder refused it: one line, the job goes on
+                path = exc.filename if isinstance(exc.filename, str) else "the job folder"
+                said = "the supervisor reads the others, and srun's status"
+                log.error("%s", unwritten.line("the failure record", path, exc, said))
+                error = None
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
                 error = None
