@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--hang-how", choices=("stop", "sleep"), default="stop")
     parser.add_argument("--hang-node", default=None)
     parser.add_argument("--hang-when-stopping", type=int, default=None)
+    parser.add_argument(
+        "--linger", type=float, default=0.0, help="seconds to wait after the RESULT line"
+    )
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
@@ -162,6 +165,8 @@ def main() -> None:
         if args.result:
             with open(args.result, "w") as handle:
                 json.dump(result, handle)
+    if args.linger:  # a test's window for a fault after the last step
+        time.sleep(args.linger)
     end()
 
 

@@ -63,7 +63,7 @@ def render_status(status: JobStatus) -> str:
         lines.append(f"  hang:            {hang}")
     for run in status.runs:
         nodes = compress(run.nodes) if run.nodes else "-"
-        how = f"{run.reason} -> {run.action}" if run.reason else "running"
+        how = f"{run.reason} -> {run.action}" if run.reason else run.unclosed or "running"
         lines.append(f"  run {run.requeue}:           {when(run.started)} on {nodes}: {how}")
     if status.job_dir:
         lines.append(f"  job folder:      {status.job_dir}")

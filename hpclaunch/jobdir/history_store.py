@@ -34,7 +34,15 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = ".history.lock"
 LOCK_WAIT_S = 30.0  # a holder is a supervisor between a read and a rename: milliseconds
-LOST_NOTE = "no end recorded: the batch host was lost (or its supervisor killed) first"
+LOST_NOTE = (
+    "no end recorded: its supervisor could not write the history, or died first (its "
+    "batch host lost, or the supervisor killed)"
+)
+# Trailing blanks kept at the end of history.json (JSON allows them): room for closing
+# the run in place where the folder takes no new file (full, over quota, immutable).
+SLACK_BYTES = 4096
+# The errors of a folder that refuses a new file but may let an existing one be rewritten.
+_IN_PLACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES})
 
 Json = dict[str, Any]
 
@@ -129,8 +137,51 @@ def save_run(job_dir: Path, history: History, run: Run) -> bool:
             clean = History.from_json(merged, history.job_id).to_json()  # derived fields
         except ValueError as exc:
             raise unreadable(path, str(exc)) from None
-        write_bytes_atomic(path, (json.dumps(clean, indent=2) + "\n").encode())
+        write(path, (json.dumps(clean, indent=2) + "\n").encode())
         return True
+
+
+def padded(text: bytes, size: int) -> bytes | None:
+    """``text`` followed by blanks up to ``size`` bytes; None when it is longer. Pure."""
+    return None if len(text) > size else text + b" " * (size - len(text))
+
+
+def write(path: Path, text: bytes) -> None:
+    """Replace ``path`` by ``text`` (JSON) atomically, SLACK_BYTES of blanks after it. Where
+    the folder refuses the new file (full, over quota, immutable: a file can still be
+    rewritten where it is), ``text`` overwrites the old file in place instead, when it
+    fits into it: not atomic (a crash in that write can leave it torn), but the run's
+    end is recorded. Raises OSError (the atomic write's) when neither worked."""
+    try:
+        write_bytes_atomic(path, text + b" " * SLACK_BYTES)
+    except OSError as exc:
+        if exc.errno not in _IN_PLACE_ERRNOS or not _overwrite(path, text):
+            raise
+        log.warning(
+            "supervisor: history: %s could not be replaced (%s); rewritten in place",
+            path,
+            exc.strerror or exc,
+        )
+
+
+def _overwrite(path: Path, text: bytes) -> bool:
+    """``text`` written over ``path`` in place, padded to its size; False when it does
+    not fit, or the file cannot be written either."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        data = padded(text, os.fstat(fd).st_size)
+        if data is None:
+            return False
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def read(path: Path) -> Json | None:

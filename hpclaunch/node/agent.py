@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hpclaunch.contract.agent import AgentSettings, RankOrder
 from hpclaunch.contract.worker_env import framework_env
 from hpclaunch.errors import HpclaunchError, SlurmError
-from hpclaunch.jobdir import failures, joblogs
+from hpclaunch.jobdir import failures, joblogs, unwritten
 from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node import ports
@@ -148,8 +148,10 @@ def after_run(
                 ctx.restart_count,
                 AgentEnd(ctx.hostname, status, killer.name if killer is not None else None),
             )
-        except OSError as exc:
-            log.warning("could not note this agent's end in %s: %s", job_dir, exc)
+        except OSError as exc:  # the supervisor does without it (srun's status says it)
+            note = JobFolder(job_dir).agent_end(ctx.restart_count, ctx.hostname)
+            said = "the supervisor does without it"
+            log.warning("%s", unwritten.line("this agent's end note", note, exc, said))
         status = deputy.after_agent(
             status,
             job_id=ctx.job_id,
@@ -414,8 +416,16 @@ def _failed_for_good(block: str, ctx: NodeContext, opts: AgentSettings, job: Pat
     """The workers failed for good: the root-cause block to the supervisor (which prints
     one for the whole job, from the right node), else printed; the exit status."""
     if opts.supervised:
-        path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
-        log.error("workers failed for good; root-cause block in %s", path)
-    else:
-        print(block, file=sys.stderr, flush=True)
+        try:
+            path = failures.write_block(job, ctx.restart_count, ctx.hostname, block)
+        except OSError as exc:  # the supervisor cannot print it: this log has it
+            what = "the root-cause block into"
+            log.error(
+                "workers failed for good; %s",
+                unwritten.line(what, job / "failures", exc, "it follows here instead"),
+            )
+        else:
+            log.error("workers failed for good; root-cause block in %s", path)
+            return 1
+    print(block, file=sys.stderr, flush=True)
     return 1

@@ -22,6 +22,7 @@ from string import Template
 from typing import Any, cast
 
 from torch.distributed.elastic.agent.server.api import (
+    _TERMINAL_STATE_SYNC_ID,
     RunResult,
     WorkerGroup,
     WorkerSpec,
@@ -30,10 +31,13 @@ from torch.distributed.elastic.agent.server.api import (
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, SignalException
 from torch.distributed.elastic.multiprocessing import start_processes as torch_start_processes
+from torch.distributed.elastic.rendezvous import RendezvousError
+from torch.distributed.elastic.utils import store as store_util
 from torch.distributed.elastic.utils.api import macros
 
 from hpclaunch import procs, progress
 from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
+from hpclaunch.jobdir import unwritten
 from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE, early_exit
 from hpclaunch.node import failfast, step_signals, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
@@ -63,6 +67,9 @@ OnFailure = Callable[[RunResult, int, Mapping[int, str]], str | None]
 # After a worker failed, how long the node's other workers get to fail by themselves
 # before they are stopped: a bug fails every worker at about the same point.
 SETTLE_S = 0.5
+# After the rendezvous failed, how long workers that are leaving get to end by
+# themselves before the node's end is taken as the rendezvous' failure.
+FINISHING_S = 5.0
 
 
 class RecordingAgent(LocalElasticAgent):
@@ -129,6 +136,11 @@ class RecordingAgent(LocalElasticAgent):
                 error = self._on_failure(result, self.attempt, known)
             except SignalException:
                 raise  # a stop: torch's run() must see it
+            except OSError as exc:  # the job folder refused it: one line, the job goes on
+                path = exc.filename if isinstance(exc.filename, str) else "the job folder"
+                said = "the supervisor reads the others, and srun's status"
+                log.error("%s", unwritten.line("the failure record", path, exc, said))
+                error = None
             except Exception:  # a record is worth less than the job: log and go on
                 log.exception("could not write the failure record")
                 error = None
@@ -277,7 +289,58 @@ class RecordingAgent(LocalElasticAgent):
         except SignalException as exc:  # ours or torch's handler (during the start)
             _received.append(exc.sigval)
             raise
+        except RendezvousError as exc:
+            # torch asks the rendezvous about new nodes while the workers run; where it
+            # cannot be reached (etcd gone longer than its outage timeout) after they
+            # finished, training is done: the node ends as its workers did.
+            finished = self._finished_anyway(exc)
+            if finished is None:
+                raise
+            return finished
         return result
+
+    def _finished_anyway(self, exc: BaseException) -> RunResult | None:
+        """The group's result when every worker ended with 0 by itself (waiting up to
+        FINISHING_S for those still leaving); None otherwise."""
+        if self._pcontext is None or self._worker_group.state is not WorkerState.HEALTHY:
+            return None
+        self._workers_ended(FINISHING_S)
+        codes = self._exit_codes()
+        workers = self._worker_group.spec.local_world_size
+        if len(codes) < workers or any(code != 0 for code in codes.values()):
+            return None
+        result: RunResult = super()._monitor_workers(self._worker_group)
+        if result.state is not WorkerState.SUCCEEDED:
+            return None
+        self._worker_group.state = WorkerState.SUCCEEDED
+        log.warning(
+            "every worker of this node finished, but the rendezvous could not be reached "
+            "afterwards: %s; not waiting for the other nodes' agents",
+            _first_line(exc),
+        )
+        return result
+
+    def _exit_barrier(self) -> None:
+        """torch 2.13's wait for the other agents once the workers finished, its failure
+        one line, not a traceback: a store that cannot be reached then (etcd gone after
+        the last step) changes nothing for the job."""
+        self._in_exit_barrier = True
+        try:
+            store_util.barrier(
+                store=self._store,
+                world_size=self._worker_group.group_world_size or 1,
+                key_prefix=_TERMINAL_STATE_SYNC_ID,
+                barrier_timeout=self._exit_barrier_timeout,
+            )
+        except SignalException:
+            raise
+        except Exception as exc:
+            log.warning(
+                "every worker of this node finished; not waiting for the other nodes' agents: %s",
+                _first_line(exc),
+            )
+        finally:
+            self._in_exit_barrier = False
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         """Stop the workers, as torch does; but a stop signal that SLURM sent to every
@@ -494,3 +557,9 @@ def _raise_signal(signum: int, frame: Any) -> None:
     sigval = signal.Signals(signum)
     _received.append(sigval)
     raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc`` as one line: its message's first line, else its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

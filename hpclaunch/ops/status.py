@@ -21,7 +21,7 @@ from hpclaunch.errors import ExitCode, HpclaunchError
 from hpclaunch.jobdir import failures, hangs, saves, silent_agents
 from hpclaunch.jobdir.history import Action, Reason
 from hpclaunch.jobdir.layout import JobFolder, batch_log
-from hpclaunch.ops import deadends, registry
+from hpclaunch.ops import deadends, registry, unclosed
 from hpclaunch.record import checkpoints, goodput, lost_work, signals, training
 from hpclaunch.record.attempts import Attempt, of_job
 from hpclaunch.record.checkpoints import Kind, Saved
@@ -71,6 +71,8 @@ class RunSummary:
     ended: float | None
     reason: str | None
     action: str | None
+    # An open run that has ended (hpclaunch.ops.unclosed): shown instead of "running".
+    unclosed: str | None = None
 
 
 @dataclass
@@ -202,7 +204,25 @@ def gather(
         _from_record(record, status, submitted, now)
     if status.batch_log is None and status.job_dir is not None:
         status.batch_log = _batch_log(Path(status.job_dir).parent, job_id, status.name)
+    _unclosed(status)
     return status
+
+
+def _unclosed(status: JobStatus) -> None:
+    """The runs the history leaves open that have ended, as far as SLURM's state (not a
+    state the history gave) and the batch log tell (hpclaunch.ops.unclosed)."""
+    if not any(run.reason is None for run in status.runs):
+        return
+    from_slurm = status.state_source in (Source.SCONTROL.value, Source.SACCT.value)
+    state = status.job_state if from_slurm else None
+    last = status.runs[-1]
+    ended = last.reason is None and state is not None and state.final
+    error = unclosed.said_unwritten(status.batch_log) if ended else None
+    found = unclosed.texts([(r.requeue, r.reason) for r in status.runs], state, error)
+    status.runs = [replace(run, unclosed=found.get(run.requeue)) for run in status.runs]
+    if ended and state is not None and status.job_dir is not None:
+        history = JobFolder(Path(status.job_dir)).history
+        status.notes.append(unclosed.note(last.requeue, state, error, history))
 
 
 class JobNotFound(HpclaunchError):

@@ -18,6 +18,7 @@ log line by line (``Tee``) and keeps these lines.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import sys
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from hpclaunch.jobdir.unwritten import how
 from hpclaunch.recovery.noise import Noise
 
 _TASK_DIED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+?)\s*$")
@@ -81,6 +83,7 @@ class Tee:
     raw: Path | None = None
     kept: list[str] = field(default_factory=list)
     noise: Noise = field(default_factory=Noise)
+    refused: OSError | None = None  # what the job folder said to the noise file, if it did
     _thread: threading.Thread | None = None
 
     def start(self) -> Tee:
@@ -94,9 +97,11 @@ class Tee:
         try:
             for line in iter(self.source.readline, b""):
                 if self.raw is not None and self.noise.take(line.decode(errors="replace")):
-                    raw = raw or _open(self.raw)
+                    # Once the job folder refused the file, its lines are only counted.
+                    raw = raw or (None if self.refused else _open(self.raw))
                     if raw is not None:
-                        raw.write(line)
+                        self.refused = _wrote(raw, line)
+                        raw = None if self.refused else raw
                     continue
                 out.write(line)
                 out.flush()
@@ -105,17 +110,36 @@ class Tee:
         finally:
             self.source.close()
             if raw is not None:
-                raw.close()
+                self.refused = _wrote(raw, None)
 
     def summary(self) -> list[str]:
         """What the noise taken out amounts to (once the copy has ended: ``deaths``)."""
-        return self.noise.summary(str(self.raw)) if self.raw is not None else []
+        if self.raw is None:
+            return []
+        if self.refused is not None:
+            return self.noise.summary(f"{self.raw} (which refused them: {how(self.refused)})")
+        return self.noise.summary(str(self.raw))
 
     def deaths(self) -> tuple[Death, ...]:
         """The deaths srun reported (waits for the end of its stderr, a while)."""
         if self._thread is not None:
             self._thread.join(_JOIN_S)
         return deaths(list(self.kept))
+
+
+def _wrote(raw: IO[bytes], line: bytes | None) -> OSError | None:
+    """``line`` appended to the noise file (None: the file closed); the error, with the
+    file closed, when the job folder refused it: the copy of srun's stderr must go on."""
+    try:
+        if line is None:
+            raw.close()
+        else:
+            raw.write(line)
+        return None
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # the buffer it could not flush is lost with it
+            raw.close()
+        return exc
 
 
 def _open(path: Path) -> IO[bytes] | None:

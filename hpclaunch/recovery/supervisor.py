@@ -27,8 +27,9 @@ from hpclaunch.contract.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, hangs, history_store, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
-from hpclaunch.jobdir.history import History, Run, finish
+from hpclaunch.jobdir.history import History, HistoryError, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.jobdir.unwritten import Unwritten
 from hpclaunch.record import checkpoints, lost_work
 from hpclaunch.record.attempts import of_job
 from hpclaunch.record.job_record import JobRecord, read_run
@@ -42,6 +43,12 @@ from hpclaunch.slurm.env import job_nodes
 from hpclaunch.slurm.retry import Patience, describe
 
 log = logging.getLogger(__name__)
+
+# What a history that cannot be written means: nothing for the job itself.
+UNRECORDED = (
+    "the job goes on and ends as its step does (SLURM's state says how); `hpclaunch "
+    "status` compares the history with SLURM's state"
+)
 
 
 def supervise(
@@ -121,6 +128,10 @@ class Supervisor:
         self.died: str | None = None  # which agent (or srun) was killed by a signal
         self.stalled: str | None = None  # why the watch ended the step (hpclaunch.recovery.watch)
         self.watch_timeout_s = watch_timeout_s  # hpclaunch.recovery.watch
+        # The history and notes are bookkeeping: a write that fails is said once, and
+        # never decides how the job ends.
+        self.unwritten = Unwritten(log, "supervisor: ")
+        self._bad_history = False  # a history on disk that is not one was said
 
     def check_saves(self, signal_lead_s: float) -> None:
         """Note the signal lead in the history, and warn when the earlier runs' saves
@@ -360,7 +371,7 @@ class Supervisor:
             return
         try:
             record = JobRecord.read(self.job_dir, self.job_id)
-        except OSError as exc:  # a view of the work, worth less than the requeue
+        except (OSError, HpclaunchError) as exc:  # a view of the work, worth less than the end
             log.debug("supervisor: cannot tell the lost work: %s", exc)
             return
         last = runs[-1]
@@ -403,17 +414,33 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
-        """Write this run's entry, unless a newer run has started (history_store)."""
-        if self.history is not None and self.run is not None and self.job_dir is not None:
+        """Write this run's entry, unless a newer run has started (history_store). A
+        history that cannot be written is said once and changes nothing else."""
+        if self.history is None or self.run is None or self.job_dir is None:
+            return
+        try:
             history_store.save_run(self.job_dir, self.history, self.run)
+        except OSError as exc:
+            history = JobFolder(self.job_dir).history
+            self.unwritten.say("the job's history", history, exc, UNRECORDED)
+        except HistoryError as exc:
+            if not self._bad_history:
+                log.error("supervisor: %s; %s", exc, UNRECORDED)
+            self._bad_history = True
 
     def _unless_moved_on(self, decision: requeue.Decision) -> requeue.Decision:
         """``decision`` (a requeue), or none when the job has moved on without this run: a
         newer run is in the history, or SLURM requeued it since (Restarts, asked here
         unless the signal's decision already did)."""
-        newer = (
-            history_store.moved_on(self.job_dir, self.run) if self.job_dir and self.run else None
-        )
+        try:
+            newer = (
+                history_store.moved_on(self.job_dir, self.run)
+                if self.job_dir and self.run
+                else None
+            )
+        except (OSError, HistoryError) as exc:  # SLURM's Restarts still tells
+            log.warning("supervisor: cannot read the history for a newer run: %s", exc)
+            newer = None
         asked = decision.reason is requeue.Reason.TIME_LIMIT  # after_step read Restarts
         window = self.patience.window()
         restarts = None if newer or asked else slurm_restarts(self.slurm, self.job_id, window)

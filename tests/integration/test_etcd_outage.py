@@ -23,7 +23,7 @@ STEPS = "60"
 
 
 def _start_agents(
-    job_id: int, folder: Path, endpoint: str, *train: str
+    job_id: int, folder: Path, endpoint: str, *train: str, outage_timeout_s: str = "60"
 ) -> list[subprocess.Popen[str]]:
     argv = [
         str(VENV_BIN / "hpclaunch"),
@@ -37,7 +37,7 @@ def _start_agents(
         "--etcd-endpoint",
         endpoint,
         "--etcd-outage-timeout",
-        "60",
+        outage_timeout_s,
         str(TRAIN),
         "--steps",
         STEPS,
@@ -111,3 +111,28 @@ def test_an_etcd_restart_mid_training_is_waited_out(
     went = out.count(f"etcd at {etcd.endpoint} is unreachable")
     assert went == out.count(f"etcd at {etcd.endpoint} is back after"), out
     assert went == 2 or (down_s < 5 and went < 2), out
+
+
+def test_an_etcd_outage_past_the_limit_after_the_last_step_ends_the_agents_0(
+    reference: str, tmp_path: Path
+) -> None:
+    """etcd killed for good once training has written its result, while the workers
+    still linger 2 s: the agents meet an outage longer than --etcd-outage-timeout 3,
+    and end 0 as their workers did, with the outage said in lines naming etcd and no
+    traceback."""
+    etcd = RestartableEtcd(tmp_path / "etcd")
+    result_file = tmp_path / "result.json"
+    try:
+        train = ("--result", str(result_file), "--linger", "2")
+        agents = _start_agents(8320, tmp_path, etcd.endpoint, *train, outage_timeout_s="3")
+        wait_for(result_file.exists, 180, "the training's result")
+        etcd.stop()
+        results = _finish(8320, agents)
+    finally:
+        etcd.stop()
+    out = "\n".join(text for _, text in results)
+    assert [status for status, _ in results] == [0, 0], out
+    assert json.loads(result_file.read_text())["digest"] == reference
+    assert f"etcd at {etcd.endpoint} is unreachable" in out, out
+    assert f"etcd at {etcd.endpoint} was unreachable for" in out, out
+    assert "Traceback" not in out, out

@@ -85,3 +85,20 @@ def test_without_a_file_the_tee_copies_everything(capfd: pytest.CaptureFixture[s
     tee.deaths()
     assert capfd.readouterr().err == "[rank1] [W1125 04:59:34.1 socket.cpp:207] [c10d] x\n"
     assert tee.summary() == []
+
+
+def test_a_noise_file_that_cannot_be_written_does_not_stop_the_copy(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A full job folder (/dev/full refuses every write, as a full filesystem does):
+    the noise is counted and dropped, every other line still reaches the batch log."""
+    many = RECORDED * 40  # more than a write buffer of noise
+    source = io.BytesIO("".join(line + "\n" for line in many).encode())
+    tee = Tee(source, Path("/dev/full")).start()
+    assert tee.deaths() == ()
+    printed = capfd.readouterr().err.splitlines()
+    kept = [line for line in many if line.startswith(("[rank0] ", "W1124", "hpc"))]
+    assert [line for line in printed if line.startswith(("[rank0] ", "W1124", "hpc"))] == kept
+    said = tee.summary()
+    assert said[0].split(" ", 3)[:3] == ["torch's", "c10d", "warned"]
+    assert said[0].endswith("/dev/full (which refused them: No space left on device (ENOSPC))")
