@@ -52,20 +52,33 @@ from hpclaunch.jobdir.atomic import write_bytes_atomic
 
 # The file: a head that every report rewrites, then the resume point, written only when
 # it is seen (so that a report packs no more than before).
-# Head: magic, flags, progress count, steps done (-1: none yet), first and last progress
-# (CLOCK_MONOTONIC, the same for every process of the node), slowest interval, the pid of
-# the process that writes the file, the steps the run is to take (-1: unknown).
+# Head: magic, write count, flags, progress count, steps done (-1: none yet), first and
+# last progress (CLOCK_MONOTONIC, the same for every process of the node), slowest
+# interval, the pid of the process that writes the file, the steps the run is to take
+# (-1: unknown).
 # Resume point: the steps done before this attempt's first counted step, in the job's
 # count (-1: not seen), and how it was seen (1 + its index in RESUMED_BY; 0: not seen).
 # Stretch: the stretch between steps the worker is in (1 + its index in STRETCHES; 0:
 # none), and since when: its start, or, out of one, when the last one ended (0: none yet).
-_HEAD = struct.Struct("<4sIqqdddqq")
+# Tail: the write count again.
+# The agent reads the file while the worker writes it: each write makes both counts odd
+# first and even last, so a read that saw them differ, or odd, saw half a write (a
+# seqlock; the reader reads the file in one pass, head to tail).
+_SEQ = struct.Struct("<Q")
+_SEQ_AT = 4
+_HEAD = struct.Struct("<Iqqdddqq")
+_HEAD_AT = _SEQ_AT + _SEQ.size
 _RESUME = struct.Struct("<qi")
+_RESUME_AT = _HEAD_AT + _HEAD.size
 _STRETCH = struct.Struct("<Id")
-_LAYOUT = struct.Struct("<4sIqqdddqqqiId")  # the three, as read
-# b"HPCp": the layout before the resume point; b"HPCr": the one before the stretch. Neither
-# is ever read as this one.
-_MAGIC = b"HPCs"
+_STRETCH_AT = _RESUME_AT + _RESUME.size
+_TAIL_AT = _STRETCH_AT + _STRETCH.size
+_LAYOUT = struct.Struct("<4sQIqqdddqqqiIdQ")  # all of it, as read
+assert _LAYOUT.size == _TAIL_AT + _SEQ.size
+# b"HPCp": the layout before the resume point; b"HPCr": the one before the stretch;
+# b"HPCs": the one before the write count. None is ever read as this one.
+_MAGIC = b"HPCt"
+_READ_TRIES = 5  # reads of a board being written, before it is "no news" this time
 STACKS_ON_SIGNAL = 1  # flag: the writer dumps its stacks on stack_signal()
 PAUSED = 2  # flag: the worker is in a stretch between steps (see paused())
 JOB_STEPS = 4  # flag: the steps are the job's (resumed_from, or the script's own numbers)
@@ -121,6 +134,7 @@ class Progress:
 
 
 _PACK = _HEAD.pack_into
+_SEQ_PACK = _SEQ.pack_into
 
 
 class _Board:
@@ -142,6 +156,7 @@ class _Board:
         "pid",
         "resumed",
         "resumed_by",
+        "seq",
         "since",
         "slowest",
         "step",
@@ -172,13 +187,18 @@ class _Board:
         self.metrics_path = metrics_path(path)
         self.metrics_written = -METRICS_EVERY_S
         self.pending = False  # metrics reported since the last write (the next beat writes)
+        self.seq = 0  # writes begun and ended: odd while one is under way
+        self._map[:4] = _MAGIC
         self.write()
 
     def write(self) -> None:
+        mapped = self._map
+        self.seq = seq = self.seq + 1
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
         _PACK(
-            self._map,
-            0,
-            _MAGIC,
+            mapped,
+            _HEAD_AT,
             self.flags,
             self.count,
             self.step,
@@ -188,8 +208,11 @@ class _Board:
             self.pid,
             self.total,
         )
-        _RESUME.pack_into(self._map, _HEAD.size, self.resumed, self.resumed_by)
-        _STRETCH.pack_into(self._map, _HEAD.size + _RESUME.size, self.stretch, self.since)
+        _RESUME.pack_into(mapped, _RESUME_AT, self.resumed, self.resumed_by)
+        _STRETCH.pack_into(mapped, _STRETCH_AT, self.stretch, self.since)
+        self.seq = seq = seq + 1
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
 
     def set_stretch(self, kind: str | None) -> bool:
         """Begin the stretch ``kind`` (one of STRETCHES), or end the one it is in (None);
@@ -273,10 +296,13 @@ class _Board:
         self.last = now
         # Steps done: counted, or the script's index of the step just done, plus one.
         self.step = self.base + count if step is None else step + 1
+        mapped = self._map
+        self.seq = seq = self.seq + 1
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
         _PACK(
-            self._map,
-            0,
-            _MAGIC,
+            mapped,
+            _HEAD_AT,
             self.flags,
             count,
             self.step,
@@ -286,6 +312,9 @@ class _Board:
             self.pid,
             self.total,
         )
+        self.seq = seq = seq + 1
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
         if self.pending and now - self.metrics_written >= METRICS_EVERY_S:
             self.write_metrics(now)  # the last report's, held back by the rate
 
@@ -599,17 +628,41 @@ class _HookOnImport(importlib.abc.MetaPathFinder):
 
 
 def read(path: str) -> Progress | None:
-    """A worker's progress from its file (for the agent); None before it wrote any."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(_LAYOUT.size)
-    except OSError:
-        return None
-    if len(data) < _LAYOUT.size:
-        return None
-    fields = _LAYOUT.unpack(data)
-    magic, flags, count, step, first, last, slowest, pid, total, resumed, by, kind, since = fields
-    if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
+    """A worker's progress from its file (for the agent); None before it wrote any, and
+    when every one of a few reads caught it half-written (no news, not no progress)."""
+    for _ in range(_READ_TRIES):
+        try:
+            with open(path, "rb") as file:
+                data = file.read(_LAYOUT.size)
+        except OSError:
+            return None
+        if len(data) < _LAYOUT.size:
+            return None
+        if not torn(data):
+            return parse(data)
+    return None
+
+
+def torn(data: bytes) -> bool:
+    """Whether a board's bytes were read halfway through a write: its write counts differ
+    or one is under way, or it says what no whole write says (a count without its times,
+    a stretch without its start). Pure."""
+    fields = _LAYOUT.unpack(data[: _LAYOUT.size])
+    magic, seq, count, first, last = fields[0], fields[1], fields[3], fields[5], fields[6]
+    kind, since, tail = fields[12], fields[13], fields[14]
+    if magic != _MAGIC:
+        return False  # no board of this layout: nothing to retry
+    half = (count and not last >= first > 0) or (kind and not since > 0)
+    return seq != tail or seq % 2 == 1 or bool(half)
+
+
+def parse(data: bytes) -> Progress | None:
+    """The progress in a whole board's bytes (see ``torn``); None when they hold none
+    (not written yet, another layout). Pure."""
+    fields = _LAYOUT.unpack(data[: _LAYOUT.size])
+    magic, _, flags, count, step, first, last, slowest, pid, total = fields[:10]
+    resumed, by, kind, since, _ = fields[10:]
+    if magic != _MAGIC:
         return None
     seen = 0 < by <= len(RESUMED_BY) and resumed >= 0
     return Progress(

@@ -78,12 +78,15 @@ MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs
 # The bounds of the stretches between steps, in the same words (auto, off, seconds):
 # --checkpoint-timeout (a save or load through hpclaunch.checkpoint), --pause-timeout (the
 # script's own hpclaunch.progress.paused()), --first-step-timeout (from an attempt's start
-# to its first step). auto: STRETCH_MULTIPLE times the longest the job's own were seen to
-# take, at least STRETCH_FLOOR_S; UNSEEN_SAVE_S for a save or load before any save of the
-# job was recorded; PAUSE_S for a pause; the first step of an attempt is watched only once
-# the job has stepped (hpclaunch.node.hangs).
+# to its first step). auto: STRETCH_MULTIPLE times the longest the job's recent saves and
+# its starts were seen to take (LOAD_MULTIPLE for a load: every rank may read one file that
+# one rank wrote), at least STRETCH_FLOOR_S; UNSEEN_SAVE_S for a save or load before any
+# save of the job was recorded; PAUSE_S for a pause; the first step of an attempt is
+# watched only on a node that stepped in an earlier attempt, and never shorter than a
+# load (the attempt may resume) (hpclaunch.node.hangs).
 STRETCH_FLOOR_S = 300.0
 STRETCH_MULTIPLE = 10.0
+LOAD_MULTIPLE = 2 * STRETCH_MULTIPLE
 UNSEEN_SAVE_S = 1800.0
 PAUSE_S = 3600.0
 # What each option's auto means, for its error message.
@@ -91,7 +94,8 @@ _AUTO_MEANS = {
     "hang_timeout": "a multiple of the slowest step, with a floor",
     "checkpoint_timeout": "a multiple of the job's slowest save, with a floor",
     "pause_timeout": f"{PAUSE_S:g} s",
-    "first_step_timeout": "once the job has stepped, a multiple of the longest start seen",
+    "first_step_timeout": "once the node has stepped, a multiple of the longest start seen, "
+    "at least the load's bound",
 }
 
 

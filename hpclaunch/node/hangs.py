@@ -12,10 +12,12 @@ each node sees the hang by itself, and no node sends anything per step.
 Nothing between steps waits forever either (``Bounds``): a rank in a stretch its board
 names (a save or load through hpclaunch.checkpoint, the script's own ``paused()``) hangs
 when the stretch outlasts its bound, and an attempt's first step, once the job has
-stepped in an earlier attempt or run, is watched from the attempt's start. The automatic
-bounds come from the job's own record (``Learned``): its saves
-(hpclaunch.jobdir.saves) and how long its earlier attempts took to their first step
-(hpclaunch.jobdir.attempts), times STRETCH_MULTIPLE, never less than STRETCH_FLOOR_S.
+stepped in an earlier attempt or run, is watched from the attempt's start on each node
+that stepped before. The automatic bounds come from the job's own record (``Learned``):
+its recent saves (hpclaunch.jobdir.saves) and how long its earlier attempts took to their
+first step (hpclaunch.jobdir.attempts), times STRETCH_MULTIPLE (LOAD_MULTIPLE for a
+load), never less than STRETCH_FLOOR_S; an attempt's first step, which may include a
+load of the script's own, never less than a load's.
 
 At a hang the watch reads every rank's stack (hpclaunch.node.stacks), names the rank
 this node has evidence against (stopped, or not waiting in a collective while others
@@ -39,6 +41,7 @@ from hpclaunch.contract.values import (
     HANG_FLOOR_S,
     HANG_MULTIPLE,
     HANG_OFF,
+    LOAD_MULTIPLE,
     PAUSE_S,
     STRETCH_FLOOR_S,
     STRETCH_MULTIPLE,
@@ -112,9 +115,10 @@ class Bounds:
 class Learned:
     """What the job's own record says its stretches take (see ``learn``)."""
 
-    slowest_save_s: float | None = None  # None: no save of the job recorded
-    # The longest an earlier attempt took from its start to its first step (0.0 where
-    # none could be timed); None: the job never stepped.
+    slowest_save_s: float | None = None  # of its recent saves; None: none recorded
+    # The longest an earlier attempt took from its start to its first step, on any node
+    # (0.0 where none could be timed); None: this node never stepped (a node whose
+    # script never steps, a role without training, is not watched for a first step).
     first_step_s: float | None = None
 
 
@@ -138,42 +142,56 @@ def stretch_bound(kind: str, bounds: Bounds, learned: Learned) -> float | None:
         return PAUSE_S
     if learned.slowest_save_s is None:
         return UNSEEN_SAVE_S  # a first save may be the longest: nothing says how long
-    # A load reads what a save wrote: the job's saves measure both.
-    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.slowest_save_s)
+    # A load reads what the saves wrote, but every rank may read what one rank wrote.
+    multiple = LOAD_MULTIPLE if kind == progress.LOAD else STRETCH_MULTIPLE
+    return max(STRETCH_FLOOR_S, multiple * learned.slowest_save_s)
 
 
 def first_step_bound(bounds: Bounds, learned: Learned) -> float | None:
     """The seconds an attempt may take to its first step; None: not watched (off, or
-    auto in a job that never stepped: its start may take any time). Pure."""
+    auto on a node that never stepped: its start may take any time). Auto is never less
+    than a load's bound: the attempt may resume, and a script's own load (torch.load,
+    a framework's restore) is no stretch of its board; with loads unbounded, neither is
+    the first step. Pure."""
     timeout = bounds.first_step
     if timeout.off:
         return None
     if timeout.seconds is not None:
         return timeout.seconds
-    if learned.first_step_s is None:
+    load = stretch_bound(progress.LOAD, bounds, learned)
+    if learned.first_step_s is None or load is None:
         return None
-    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.first_step_s)
+    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.first_step_s, load)
 
 
 def learn(
-    recorded: Sequence[saves.SaveRecord], events: Iterable[tuple[int, attempts.AttemptEvent]]
+    recorded: Sequence[saves.SaveRecord],
+    events: Iterable[tuple[int, attempts.AttemptEvent]],
+    node_rank: int | None = None,
 ) -> Learned:
-    """The job's record as the bounds use it: its slowest save, and the longest its
-    attempts took from their ``begin`` to their ``first`` step (``events``: (requeue,
-    event) of every run's attempts logs), each node's attempt timed on its own. Pure."""
+    """The job's record as the bounds use it: its slowest recent save, and, when the node
+    of ``node_rank`` stepped in an earlier attempt, the longest its attempts took from
+    their ``begin`` to their ``first`` step (``events``: (requeue, event) of every run's
+    attempts logs), each node's attempt timed on its own. Pure."""
     begun: dict[tuple[int, str, int], float] = {}
     firsts: list[tuple[tuple[int, str, int], float]] = []
+    stepped_here = False
     for requeue, event in events:
         key = (requeue, event.node, event.attempt)
         if event.event == attempts.BEGIN:
             begun[key] = event.time
         elif event.event == attempts.FIRST:
             firsts.append((key, event.time))
+            # A log of an older hpclaunch names no node rank: not known to be this node.
+            stepped_here = stepped_here or (
+                event.node_rank is not None and event.node_rank == node_rank
+            )
     first_step = None
-    if firsts:
+    if stepped_here:
         timed = [at - begun[key] for key, at in firsts if key in begun]
         first_step = max([0.0, *timed])
-    return Learned(max((r.total_s for r in recorded), default=None), first_step)
+    slowest = saves.slowest(recorded)
+    return Learned(None if slowest is None else slowest.total_s, first_step)
 
 
 @dataclass(frozen=True)
@@ -302,6 +320,9 @@ class Watch:
         self.attempt = 0
         self._ranks: dict[int, int] = {}  # local rank -> global rank
         self._stopped_since: dict[int, float] = {}
+        # local rank -> its last whole reading in this attempt: a read that fails (the
+        # board caught mid-write every time) is no news, not a rank without progress.
+        self._last_read: dict[int, progress.Progress] = {}
         self._next_check = self._next_note = self._next_requests = 0.0
         self.last_report: HangReport | None = None
         self._firsts: set[int] = set()  # attempts whose first step is in the attempts log
@@ -326,6 +347,7 @@ class Watch:
         """A new attempt's workers (local rank -> global rank) are about to start."""
         self.attempt, self._ranks = attempt, dict(ranks)
         self._stopped_since.clear()
+        self._last_read.clear()
         self.folder(attempt).mkdir(parents=True, exist_ok=True)
         self._learned = self._learn()  # before this attempt's own begin is logged
         self._next_learn = self._clock() + NOTE_S
@@ -340,7 +362,7 @@ class Watch:
             for requeue in range(self.requeue + 1)
             for event in read_run(self._job.root, requeue).events
         ]
-        return learn(saves.read(self._job.saves), events)
+        return learn(saves.read(self._job.saves), events, self.node_rank)
 
     def check(self, pids: Mapping[int, int]) -> Hang | None:
         """Look at the workers (local rank -> pid) if CHECK_S has passed: a hang, or None.
@@ -377,13 +399,18 @@ class Watch:
             else:
                 self._stopped_since.pop(local_rank, None)
             since = self._stopped_since.get(local_rank)
+            read = progress.read(str(folder / f"local-{local_rank}.progress"))
+            if read is None:
+                read = self._last_read.get(local_rank)
+            else:
+                self._last_read[local_rank] = read
             seen.append(
                 Seen(
                     self._ranks.get(local_rank, local_rank),
                     local_rank,
                     pid,
                     state,
-                    progress.read(str(folder / f"local-{local_rank}.progress")),
+                    read,
                     now - since if since is not None else 0.0,
                 )
             )
@@ -603,6 +630,7 @@ class Watch:
         )
 
     def _log_event(self, event: attempts.AttemptEvent) -> None:
+        event = replace(event, node_rank=self.node_rank)
         try:
             attempts.append(self._job, self.requeue, event)
         except OSError as exc:
