@@ -46,6 +46,7 @@ from hpclaunch.contract.values import (
     STRETCH_FLOOR_S,
     STRETCH_MULTIPLE,
     UNSEEN_SAVE_S,
+    TimeoutField,
     parse_hang_timeout,
     parse_timeout,
 )
@@ -78,7 +79,7 @@ class HangTimeout:
     off: bool = False
 
     @classmethod
-    def parse(cls, text: str, field: str = "hang_timeout") -> HangTimeout:
+    def parse(cls, text: str, field: TimeoutField = TimeoutField.HANG) -> HangTimeout:
         """From the text of ``--hang-timeout`` (or of the option of ``field``: the stretch
         timeouts take the same words). Raises SpecError naming the value."""
         value = parse_timeout(text, field)
@@ -130,7 +131,7 @@ STRETCH_WORDS = {
 }
 
 
-def stretch_bound(kind: str, bounds: Bounds, learned: Learned) -> float | None:
+def stretch_bound(kind: progress.Stretch, bounds: Bounds, learned: Learned) -> float | None:
     """The seconds a rank may stay in the stretch ``kind`` (one of progress.STRETCHES);
     None: unbounded (its option is off). Pure."""
     timeout = bounds.pause if kind == progress.PAUSE else bounds.checkpoint
@@ -231,16 +232,16 @@ def judge(
     stopped = _stopped(seen, timeout)
     if stopped is not None:
         return stopped
-    # (rank, stretch, seconds in it) of each rank in one.
+    # (rank, stretch, seconds in it, its bound) of each rank in one: the bound of the
+    # largest of the stretches open (a save inside the script's pause: the larger).
     in_stretch = [
-        (s.rank, s.progress.stretch, now - s.progress.since)
+        (s.rank, s.progress.stretch, now - s.progress.since, _bound_of(s.progress, bounds, learned))
         for s in seen
         if s.progress is not None and s.progress.stretch is not None
     ]
-    for _, kind, held in in_stretch:
-        bound = stretch_bound(kind, bounds, learned)
+    for _, kind, held, bound in in_stretch:
         if bound is not None and held >= bound:
-            past = [(r, h) for r, k, h in in_stretch if k == kind and h >= bound]
+            past = [(r, h) for r, k, h, b in in_stretch if k == kind and b == bound and h >= bound]
             names = ("rank " if len(past) == 1 else "ranks ") + ", ".join(str(r) for r, _ in past)
             longest = max(h for _, h in past)
             words = f"in {STRETCH_WORDS[kind]} for {longest:.0f} s (bound {bound:g} s)"
@@ -266,6 +267,14 @@ def judge(
     if idle < limit:
         return None
     return Hang(f"no progress for {idle:.0f} s (limit {limit:g} s)", limit, tuple(seen))
+
+
+def _bound_of(read: progress.Progress, bounds: Bounds, learned: Learned) -> float | None:
+    """The bound of a rank's stretch: the largest of its open kinds' (None: one is
+    unbounded). Pure."""
+    kinds = read.within | ({read.stretch} if read.stretch is not None else set())
+    found = [stretch_bound(kind, bounds, learned) for kind in kinds]
+    return None if None in found else max((b for b in found if b is not None), default=None)
 
 
 def _stopped(seen: Sequence[Seen], timeout: HangTimeout) -> Hang | None:
@@ -378,7 +387,7 @@ class Watch:
         if now >= self._next_note and self.note(now):
             self._next_note = now + NOTE_S
         checkpointing = any(
-            s.progress is not None and s.progress.stretch in (progress.SAVE, progress.LOAD)
+            s.progress is not None and s.progress.within & {progress.SAVE, progress.LOAD}
             for s in seen
         )
         if checkpointing and now >= self._next_learn:  # the saves of this attempt count too

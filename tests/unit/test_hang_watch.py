@@ -18,6 +18,7 @@ from hpclaunch.contract.values import (
     STRETCH_FLOOR_S,
     STRETCH_MULTIPLE,
     UNSEEN_SAVE_S,
+    TimeoutField,
 )
 from hpclaunch.errors import SpecError
 from hpclaunch.jobdir import attempts, hangs, saves
@@ -201,10 +202,12 @@ def test_a_rank_on_its_way_out_is_no_evidence_against_it() -> None:
 SAVE, LOAD, PAUSE = progress.SAVE, progress.LOAD, progress.PAUSE
 
 
-def in_stretch(rank: int, kind: str | None, since: float, *, count: int = 5) -> Seen:
+def in_stretch(rank: int, kind: progress.Stretch | None, since: float, *, count: int = 5) -> Seen:
     """A worker in the stretch ``kind`` since ``since`` (out of one: the end of its last)."""
     done = Progress(count, count, 1.0 if count else 0.0, 50.0 if count else 0.0, 0.2, True)
-    return Seen(rank, rank, 100 + rank, "S", replace(done, stretch=kind, since=since), 0.0)
+    within = frozenset() if kind is None else frozenset({kind})
+    read = replace(done, stretch=kind, within=within, since=since)
+    return Seen(rank, rank, 100 + rank, "S", read, 0.0)
 
 
 def test_each_stretch_has_its_bound_learned_given_or_off() -> None:
@@ -374,11 +377,18 @@ def test_the_board_says_the_stretch_and_since_when(tmp_path: Path) -> None:
     assert board.set_stretch(SAVE)
     saving = progress.read(path)
     assert saving is not None and saving.stretch == SAVE and saving.paused and saving.since > 0
-    assert not board.set_stretch(LOAD)  # inside a save: the save's bound holds
-    assert progress.read(path) == saving
+    assert saving.within == {SAVE}
+    # A load inside the save: the save's stretch goes on, since its start, both kinds open.
+    assert board.set_stretch(LOAD)
+    both = progress.read(path)
+    assert both == replace(saving, within=frozenset({SAVE, LOAD}))
     board.beat(None)  # a step's write keeps the stretch
     stepped = progress.read(path)
     assert stepped is not None and (stepped.count, stepped.stretch) == (1, SAVE)
+    assert board.set_stretch(None)  # the load ended: the save's stretch goes on
+    inner_ended = progress.read(path)
+    assert inner_ended is not None and (inner_ended.stretch, inner_ended.within) == (SAVE, {SAVE})
+    assert inner_ended.since == saving.since
     assert board.set_stretch(None) and not board.set_stretch(None)
     ended = progress.read(path)
     assert ended is not None and ended.stretch is None and ended.since >= saving.since
@@ -469,16 +479,49 @@ def test_a_board_rewritten_in_a_loop_is_always_read_whole(tmp_path: Path) -> Non
 
 
 def test_a_stretch_kind_is_one_the_watch_knows() -> None:
-    with pytest.raises(ValueError, match="'lunch' is none of pause, save, load"):
-        progress.set_paused(True, "lunch")
-    assert set(STRETCH_WORDS) == set(progress.STRETCHES)
+    with pytest.raises(TypeError, match=r"kind=.lunch. is no hpclaunch\.progress\.Stretch; pass"):
+        progress.set_paused(True, "lunch")  # type: ignore[arg-type]
+    assert set(STRETCH_WORDS) == set(progress.STRETCHES) == set(progress.Stretch)
 
 
-@pytest.mark.parametrize("field", ["checkpoint_timeout", "pause_timeout", "first_step_timeout"])
-def test_a_bad_stretch_timeout_names_its_option(field: str) -> None:
+def test_pausing_without_its_stretch_is_refused_where_it_is_applied() -> None:
+    """``@pausing`` alone would make the function a decorator that runs nothing."""
+
+    def save() -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"write @pausing\(hpclaunch.progress.SAVE\)"):
+        progress.pausing(save)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"kind=.save. is no hpclaunch\.progress\.Stretch"):
+        progress.pausing("save")  # type: ignore[arg-type]
+    calls: list[int] = []
+    assert progress.pausing(SAVE)(lambda: calls.append(1))() is None and calls == [1]
+
+
+def test_a_stretch_inside_another_is_bounded_by_the_larger_bound() -> None:
+    """A checkpoint save inside the script's pause: the pause's bound (60 s) would cut a
+    save of 300 s; the larger of the two holds, named by the outer stretch."""
+    bounds = Bounds(checkpoint=HangTimeout(300.0), pause=HangTimeout(60.0))
+    pausing = in_stretch(0, PAUSE, 0.0)
+    assert pausing.progress is not None
+    saving = replace(pausing, progress=replace(pausing.progress, within=frozenset({PAUSE, SAVE})))
+    assert judge([saving], now=299.0, timeout=HangTimeout(5.0), bounds=bounds) is None
+    hang = judge([saving], now=301.0, timeout=HangTimeout(5.0), bounds=bounds)
+    assert hang is not None and hang.reason == (
+        "rank 0 in a pause (hpclaunch.progress.paused) for 301 s (bound 300 s)"
+    )
+    hang = judge([pausing], now=61.0, timeout=HangTimeout(5.0), bounds=bounds)
+    assert hang is not None and hang.limit_s == 60.0
+    # An unbounded kind open inside: unbounded.
+    off = Bounds(checkpoint=HangTimeout(off=True), pause=HangTimeout(60.0))
+    assert judge([saving], now=9999.0, timeout=HangTimeout(5.0), bounds=off) is None
+
+
+@pytest.mark.parametrize("field", list(TimeoutField))
+def test_a_bad_stretch_timeout_names_its_option(field: TimeoutField) -> None:
     with pytest.raises(SpecError) as raised:
         HangTimeout.parse("0.1", field)
-    assert raised.value.field == field and "'0.1'" in raised.value.message
+    assert raised.value.field == field.value and "'0.1'" in raised.value.message
     assert HangTimeout.parse("off", field).off and HangTimeout.parse("12", field).seconds == 12
 
 
