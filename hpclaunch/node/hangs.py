@@ -121,6 +121,20 @@ class Learned:
     # (0.0 where none could be timed); None: this node never stepped (a node whose
     # script never steps, a role without training, is not watched for a first step).
     first_step_s: float | None = None
+    # Hangs of the job in a save or load cut by its bound (each attempt once): before any
+    # save was recorded, each doubles the unseen save's bound (a first save that takes
+    # longer than it would be cut in every attempt).
+    cut_saves: int = 0
+
+
+MAX_DOUBLINGS = 6  # of the unseen save's bound: at most 64 times it
+
+
+def unseen_save_bound(kind: progress.Stretch, bounds: Bounds, learned: Learned) -> bool:
+    """Whether the bound of ``kind`` is the automatic one of a job with no save recorded
+    (a guess: the hang says how to give a better one). Pure."""
+    auto = not bounds.checkpoint.off and bounds.checkpoint.seconds is None
+    return kind in (progress.SAVE, progress.LOAD) and auto and learned.slowest_save_s is None
 
 
 # A stretch as the hang report says it: "rank 1 in checkpoint save for 31 s (bound 30 s)".
@@ -142,7 +156,9 @@ def stretch_bound(kind: progress.Stretch, bounds: Bounds, learned: Learned) -> f
     if kind == progress.PAUSE:
         return PAUSE_S
     if learned.slowest_save_s is None:
-        return UNSEEN_SAVE_S  # a first save may be the longest: nothing says how long
+        # A first save may be the longest: nothing says how long, but one cut before
+        # was too long for this bound.
+        return UNSEEN_SAVE_S * float(2 ** min(learned.cut_saves, MAX_DOUBLINGS))
     # A load reads what the saves wrote, but every rank may read what one rank wrote.
     multiple = LOAD_MULTIPLE if kind == progress.LOAD else STRETCH_MULTIPLE
     return max(STRETCH_FLOOR_S, multiple * learned.slowest_save_s)
@@ -169,11 +185,13 @@ def learn(
     recorded: Sequence[saves.SaveRecord],
     events: Iterable[tuple[int, attempts.AttemptEvent]],
     node_rank: int | None = None,
+    hung: Iterable[HangReport] = (),
 ) -> Learned:
-    """The job's record as the bounds use it: its slowest recent save, and, when the node
-    of ``node_rank`` stepped in an earlier attempt, the longest its attempts took from
-    their ``begin`` to their ``first`` step (``events``: (requeue, event) of every run's
-    attempts logs), each node's attempt timed on its own. Pure."""
+    """The job's record as the bounds use it: its slowest recent save; the attempts whose
+    save or load was cut by its bound (``hung``: every run's hang reports); and, when the
+    node of ``node_rank`` stepped in an earlier attempt, the longest its attempts took
+    from their ``begin`` to their ``first`` step (``events``: (requeue, event) of every
+    run's attempts logs), each node's attempt timed on its own. Pure."""
     begun: dict[tuple[int, str, int], float] = {}
     firsts: list[tuple[tuple[int, str, int], float]] = []
     stepped_here = False
@@ -192,7 +210,9 @@ def learn(
         timed = [at - begun[key] for key, at in firsts if key in begun]
         first_step = max([0.0, *timed])
     slowest = saves.slowest(recorded)
-    return Learned(None if slowest is None else slowest.total_s, first_step)
+    checkpointing = (str(progress.SAVE), str(progress.LOAD))
+    cut = {(r.requeue, r.attempt) for r in hung if r.stretch_kind in checkpointing}
+    return Learned(None if slowest is None else slowest.total_s, first_step, len(cut))
 
 
 @dataclass(frozen=True)
@@ -215,6 +235,7 @@ class Hang:
     # Where the workers hung, when not between two steps, without the ranks: "in
     # checkpoint save for 31 s (bound 30 s)", "with no first step for 40 s (bound 30 s)".
     stretch: str | None = None
+    kind: progress.Stretch | None = None  # that stretch's kind; None: the first step
 
 
 def judge(
@@ -244,8 +265,14 @@ def judge(
             past = [(r, h) for r, k, h, b in in_stretch if k == kind and b == bound and h >= bound]
             names = ("rank " if len(past) == 1 else "ranks ") + ", ".join(str(r) for r, _ in past)
             longest = max(h for _, h in past)
-            words = f"in {STRETCH_WORDS[kind]} for {longest:.0f} s (bound {bound:g} s)"
-            return Hang(f"{names} {words}", bound, tuple(seen), words)
+            why = ""
+            if unseen_save_bound(kind, bounds, learned):
+                why = (
+                    ": no save of this job was recorded yet; give --checkpoint-timeout "
+                    "if its saves take longer"
+                )
+            words = f"in {STRETCH_WORDS[kind]} for {longest:.0f} s (bound {bound:g} s{why})"
+            return Hang(f"{names} {words}", bound, tuple(seen), words, kind)
     if in_stretch:
         return None  # each is judged by its own bound, above
     # Since the last step, or the end of a stretch after it (a save between two steps).
@@ -366,12 +393,10 @@ class Watch:
     def _learn(self) -> Learned:
         """The bounds' measures from the job folder: every save recorded, and every run's
         attempts logs up to this one (a folder that cannot be read: nothing learned)."""
-        events = [
-            (requeue, event)
-            for requeue in range(self.requeue + 1)
-            for event in read_run(self._job.root, requeue).events
-        ]
-        return learn(saves.read(self._job.saves), events, self.node_rank)
+        runs = [read_run(self._job.root, requeue) for requeue in range(self.requeue + 1)]
+        events = [(run.requeue, event) for run in runs for event in run.events]
+        hung = [report for run in runs for report in run.hangs]
+        return learn(saves.read(self._job.saves), events, self.node_rank, hung)
 
     def check(self, pids: Mapping[int, int]) -> Hang | None:
         """Look at the workers (local rank -> pid) if CHECK_S has passed: a hang, or None.
@@ -479,6 +504,7 @@ class Watch:
             how,
             str(stacks_file),
             hang.stretch,
+            None if hang.kind is None else str(hang.kind),
         )
         try:
             stacks_file.parent.mkdir(parents=True, exist_ok=True)

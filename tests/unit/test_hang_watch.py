@@ -254,7 +254,10 @@ def test_a_rank_past_its_stretchs_bound_is_a_hang_named_by_the_stretch() -> None
     assert hang is not None and hang.reason.startswith("ranks 0, 1 in checkpoint save for 32 s")
     loading = [in_stretch(0, LOAD, 0.0, count=0), in_stretch(1, None, 0.0, count=0)]
     hang = judge(loading, now=1801.0, timeout=HangTimeout())
-    assert hang is not None and hang.reason == "rank 0 in checkpoint load for 1801 s (bound 1800 s)"
+    assert hang is not None and hang.reason == (
+        "rank 0 in checkpoint load for 1801 s (bound 1800 s: no save of this job was recorded "
+        "yet; give --checkpoint-timeout if its saves take longer)"
+    )
     pausing = [in_stretch(0, PAUSE, 0.0)]
     assert judge(pausing, now=3599.0, timeout=HangTimeout(5.0)) is None
     hang = judge(pausing, now=3601.0, timeout=HangTimeout(5.0))
@@ -333,6 +336,42 @@ def test_the_bounds_learn_the_jobs_slowest_recent_save_and_longest_start() -> No
     # Only the recent saves count: a slow first save long ago no longer holds.
     recent = [record_of_save(500.0), *(record_of_save(2.0) for _ in range(5))]
     assert learn(recent, []).slowest_save_s == 2.0
+
+
+def test_a_first_save_cut_by_the_unseen_bound_doubles_it_for_the_next_attempt() -> None:
+    """A job whose first save takes longer than UNSEEN_SAVE_S: each attempt cut in a save
+    or load (its nodes' hang reports) doubles the bound, so that a later attempt can
+    finish it, instead of cutting it until the restarts run out; a recorded save, or the
+    user's bound, ends the guessing."""
+    words = "in checkpoint save for 1801 s (bound 1800 s)"
+    cut = replace(report("n1", (at_hang(0, False),), (0,)), stretch=words, stretch_kind="save")
+    other_node = replace(cut, node="n2", node_rank=1)
+    next_attempt = replace(cut, attempt=1)
+    first_step = replace(cut, attempt=2, stretch_kind=None)
+    found = learn([], [], 0, [cut, other_node])
+    assert found.cut_saves == 1
+    assert stretch_bound(SAVE, Bounds(), found) == 2 * UNSEEN_SAVE_S
+    found = learn([], [], 0, [cut, other_node, next_attempt, first_step])
+    assert stretch_bound(LOAD, Bounds(), found) == 4 * UNSEEN_SAVE_S
+    assert stretch_bound(SAVE, Bounds(), replace(found, slowest_save_s=40.0)) == 400.0
+    assert stretch_bound(SAVE, Bounds(checkpoint=HangTimeout(30.0)), found) == 30.0
+    # The hang names the guess and the option; a user's bound is no guess.
+    saving = [in_stretch(0, SAVE, 0.0)]
+    hang = judge(saving, 2 * UNSEEN_SAVE_S + 1, HangTimeout(), learned=found)
+    assert hang is None
+    hang = judge(saving, 4 * UNSEEN_SAVE_S + 1, HangTimeout(), learned=found)
+    assert (
+        hang is not None
+        and hang.kind == SAVE
+        and hang.stretch
+        == (
+            "in checkpoint save for 7201 s (bound 7200 s: no save of this job was recorded yet; "
+            "give --checkpoint-timeout if its saves take longer)"
+        )
+    )
+    told = Bounds(checkpoint=HangTimeout(30.0))
+    hang = judge(saving, 31.0, HangTimeout(), bounds=told, learned=found)
+    assert hang is not None and hang.stretch == "in checkpoint save for 31 s (bound 30 s)"
 
 
 def test_the_first_step_is_armed_only_on_a_node_that_stepped_before() -> None:
@@ -590,3 +629,17 @@ def test_a_read_that_fails_is_no_news_not_a_rank_without_steps(tmp_path: Path) -
     # The attempt's attempts log names the node's rank.
     logged = attempts.parse(attempts.path(watch._job, 1, "n1").read_text().splitlines())
     assert {e.node_rank for e in logged} == {0}
+
+
+def test_a_watch_learns_the_cut_saves_from_the_job_folders_hang_reports(tmp_path: Path) -> None:
+    """Run 0's attempt was cut in its first save (its report in the job folder, no save
+    recorded): run 1's watch gives saves twice the unseen bound."""
+    job = JobFolder(tmp_path / "job")
+    job.root.mkdir()
+    words = "in checkpoint save for 1801 s (bound 1800 s)"
+    cut = replace(report("n1", (at_hang(0, False),), (0,)), stretch=words, stretch_kind="save")
+    hangs.write_report(job, cut)
+    watch = Watch(tmp_path / "local", job, node="n1", node_rank=0, requeue=1, timeout=HangTimeout())
+    watch.begin(0, {0: 0})
+    assert watch._learned.cut_saves == 1
+    assert stretch_bound(SAVE, Bounds(), watch._learned) == 2 * UNSEEN_SAVE_S
