@@ -235,7 +235,8 @@ class _Board:
 
     def set_stretch(self, kind: Stretch | None) -> bool:
         """Begin the stretch ``kind``, or end the innermost one open (None); whether that
-        changed anything (ending none does not). One begun inside another keeps the outer
+        changed anything (ending none does not, nor beginning the kind it is in: the
+        caller that began it ends it). One begun inside another keeps the outer
         one's start: the stretch lasts until the outer one ends, and its bound is the
         largest of their kinds' (the watch's)."""
         stretches = self.stretches
@@ -243,6 +244,8 @@ class _Board:
             if not stretches:
                 return False
             stretches.pop()
+        elif stretches and stretches[-1] is kind:
+            return False  # already in it (a wait inside a save, a pause begun twice)
         else:
             stretches.append(kind)
         if len(stretches) == (0 if kind is None else 1):  # the outermost began or ended
@@ -700,7 +703,8 @@ def torn(data: bytes) -> bool:
     if magic != _MAGIC:
         return False  # no board of this layout: nothing to retry
     half = (count and not last >= first > 0) or (kind and not since > 0)
-    return seq != tail or seq % 2 == 1 or bool(half)
+    # A count of 0: the board's first write has not ended (the file is still zeroes).
+    return seq != tail or seq % 2 == 1 or seq == 0 or bool(half)
 
 
 def parse(data: bytes) -> Progress | None:

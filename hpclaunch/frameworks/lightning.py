@@ -208,7 +208,8 @@ class StopCheckpoint(pl.Callback):
         self._unpause()
 
     def _pause(self) -> None:
-        self._pausing = progress.set_paused(True) or self._pausing
+        if not self._pausing:
+            self._pausing = progress.set_paused(True)
 
     def _unpause(self) -> None:
         if self._pausing:

@@ -424,6 +424,7 @@ def test_the_board_says_the_stretch_and_since_when(tmp_path: Path) -> None:
     board.beat(None)  # a step's write keeps the stretch
     stepped = progress.read(path)
     assert stepped is not None and (stepped.count, stepped.stretch) == (1, SAVE)
+    assert not board.set_stretch(LOAD)  # in it already: whoever began it ends it
     assert board.set_stretch(None)  # the load ended: the save's stretch goes on
     inner_ended = progress.read(path)
     assert inner_ended is not None and (inner_ended.stretch, inner_ended.within) == (SAVE, {SAVE})
@@ -475,6 +476,8 @@ def test_a_board_read_halfway_through_a_write_is_torn_not_a_reading(tmp_path: Pa
     # Counts that agree but fields no whole write leaves: a stretch since 0, a count at 0 s.
     assert progress.torn(layout.pack(*fields[:13], 0.0, seq))
     assert progress.torn(layout.pack(*fields[:5], 0.0, *fields[6:]))
+    # Its magic written, its first write not yet ended: still zeroes.
+    assert progress.torn(layout.pack(b"HPCt", 0, *(0 for _ in fields[2:12]), 0, 0.0, 0))
     path = tmp_path / "local-0.progress"
     path.write_bytes(layout.pack(*writing))
     assert progress.read(str(path)) is None
