@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import enum
 import faulthandler
 import functools
 import importlib.abc
@@ -52,20 +53,34 @@ from hpclaunch.jobdir.atomic import write_bytes_atomic
 
 # The file: a head that every report rewrites, then the resume point, written only when
 # it is seen (so that a report packs no more than before).
-# Head: magic, flags, progress count, steps done (-1: none yet), first and last progress
-# (CLOCK_MONOTONIC, the same for every process of the node), slowest interval, the pid of
-# the process that writes the file, the steps the run is to take (-1: unknown).
+# Head: magic, write count, flags, progress count, steps done (-1: none yet), first and
+# last progress (CLOCK_MONOTONIC, the same for every process of the node), slowest
+# interval, the pid of the process that writes the file, the steps the run is to take
+# (-1: unknown).
 # Resume point: the steps done before this attempt's first counted step, in the job's
 # count (-1: not seen), and how it was seen (1 + its index in RESUMED_BY; 0: not seen).
-# Stretch: the stretch between steps the worker is in (1 + its index in STRETCHES; 0:
-# none), and since when: its start, or, out of one, when the last one ended (0: none yet).
-_HEAD = struct.Struct("<4sIqqdddqq")
+# Stretch: the stretch between steps the worker is in (its Stretch's code; 0: none; above
+# the low byte, one bit per kind of the stretches open inside it, the outer one's too),
+# and since when: its start, or, out of one, when the last one ended (0: none yet).
+# Tail: the write count again.
+# The agent reads the file while the worker writes it: each write makes both counts odd
+# first and even last, so a read that saw them differ, or odd, saw half a write (a
+# seqlock; the reader reads the file in one pass, head to tail).
+_SEQ = struct.Struct("<Q")
+_SEQ_AT = 4
+_HEAD = struct.Struct("<Iqqdddqq")
+_HEAD_AT = _SEQ_AT + _SEQ.size
 _RESUME = struct.Struct("<qi")
+_RESUME_AT = _HEAD_AT + _HEAD.size
 _STRETCH = struct.Struct("<Id")
-_LAYOUT = struct.Struct("<4sIqqdddqqqiId")  # the three, as read
-# b"HPCp": the layout before the resume point; b"HPCr": the one before the stretch. Neither
-# is ever read as this one.
-_MAGIC = b"HPCs"
+_STRETCH_AT = _RESUME_AT + _RESUME.size
+_TAIL_AT = _STRETCH_AT + _STRETCH.size
+_LAYOUT = struct.Struct("<4sQIqqdddqqqiIdQ")  # all of it, as read
+assert _LAYOUT.size == _TAIL_AT + _SEQ.size
+# b"HPCp": the layout before the resume point; b"HPCr": the one before the stretch;
+# b"HPCs": the one before the write count. None is ever read as this one.
+_MAGIC = b"HPCt"
+_READ_TRIES = 5  # reads of a board being written, before it is "no news" this time
 STACKS_ON_SIGNAL = 1  # flag: the writer dumps its stacks on stack_signal()
 PAUSED = 2  # flag: the worker is in a stretch between steps (see paused())
 JOB_STEPS = 4  # flag: the steps are the job's (resumed_from, or the script's own numbers)
@@ -73,11 +88,23 @@ JOB_STEPS = 4  # flag: the steps are the job's (resumed_from, or the script's ow
 # (a test keeps them alike), here so that a worker's boot imports no more than this module.
 RESUMED_BY = ("checkpoint", "optimizer", "script", "lightning")
 BY_CHECKPOINT, BY_OPTIMIZER, BY_SCRIPT, BY_LIGHTNING = RESUMED_BY
-# The stretches between steps a worker says it is in, each bounded by its own timeout
-# (hpclaunch.node.hangs): the script's own pause (``paused()``), and hpclaunch.checkpoint's
-# save and load.
-STRETCHES = ("pause", "save", "load")
-PAUSE, SAVE, LOAD = STRETCHES
+
+
+class Stretch(enum.Enum):
+    """A stretch between steps a worker says it is in, each bounded by its own timeout
+    (hpclaunch.node.hangs): the script's own pause (``paused()``), and
+    hpclaunch.checkpoint's save and load. The value is its code on the board."""
+
+    PAUSE = 1
+    SAVE = 2
+    LOAD = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+STRETCHES = tuple(Stretch)
+PAUSE, SAVE, LOAD = Stretch.PAUSE, Stretch.SAVE, Stretch.LOAD
 PR_SET_PTRACER = 0x59616D61  # Yama: who besides our ancestors may read our memory
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 
@@ -98,7 +125,10 @@ class Progress:
     last: float
     slowest: float  # the longest interval between two progress reports; 0 before two
     stacks_on_signal: bool
-    stretch: str | None = None  # the stretch between steps it is in (one of STRETCHES)
+    stretch: Stretch | None = None  # the stretch between steps it is in (the outermost)
+    # Every kind of stretch open, the outermost and those begun inside it (a save inside
+    # the script's pause): the stretch's bound is the largest of theirs.
+    within: frozenset[Stretch] = frozenset()
     pid: int = 0  # the process that writes it
     total: int | None = None  # the steps the run is to take, when the script said
     job_steps: bool = False  # ``step`` counts on from a resumed checkpoint (or is the script's)
@@ -121,6 +151,7 @@ class Progress:
 
 
 _PACK = _HEAD.pack_into
+_SEQ_PACK = _SEQ.pack_into
 
 
 class _Board:
@@ -142,10 +173,12 @@ class _Board:
         "pid",
         "resumed",
         "resumed_by",
+        "seq",
         "since",
         "slowest",
         "step",
         "stretch",
+        "stretches",
         "total",
     )
 
@@ -166,19 +199,25 @@ class _Board:
         self.total = -1
         self.resumed = -1  # the steps done before this attempt's first counted step
         self.resumed_by = 0  # 1 + its index in RESUMED_BY; 0: not seen
-        self.stretch = 0  # 1 + its index in STRETCHES; 0: none
+        self.stretch = 0  # its code on the board (see the layout); 0: none
+        self.stretches: list[Stretch] = []  # those open, the outermost first
         self.since = 0.0  # the stretch's start, or when the last one ended
         self.metrics: dict[str, float] = {}
         self.metrics_path = metrics_path(path)
         self.metrics_written = -METRICS_EVERY_S
         self.pending = False  # metrics reported since the last write (the next beat writes)
+        self.seq = 0  # writes begun and ended: odd while one is under way
+        self._map[:4] = _MAGIC
         self.write()
 
     def write(self) -> None:
+        mapped = self._map
+        self.seq = seq = self.seq + 1
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
         _PACK(
-            self._map,
-            0,
-            _MAGIC,
+            mapped,
+            _HEAD_AT,
             self.flags,
             self.count,
             self.step,
@@ -188,18 +227,31 @@ class _Board:
             self.pid,
             self.total,
         )
-        _RESUME.pack_into(self._map, _HEAD.size, self.resumed, self.resumed_by)
-        _STRETCH.pack_into(self._map, _HEAD.size + _RESUME.size, self.stretch, self.since)
+        _RESUME.pack_into(mapped, _RESUME_AT, self.resumed, self.resumed_by)
+        _STRETCH.pack_into(mapped, _STRETCH_AT, self.stretch, self.since)
+        self.seq = seq = seq + 1
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
 
-    def set_stretch(self, kind: str | None) -> bool:
-        """Begin the stretch ``kind`` (one of STRETCHES), or end the one it is in (None);
-        whether that changed anything (one begun inside another changes nothing: the
-        outer one ends it, and its bound is the one that holds)."""
-        if (kind is not None) == bool(self.stretch):
-            return False
-        self.stretch = 0 if kind is None else STRETCHES.index(kind) + 1
-        self.since = _monotonic()
-        self.flags = self.flags | PAUSED if kind is not None else self.flags & ~PAUSED
+    def set_stretch(self, kind: Stretch | None) -> bool:
+        """Begin the stretch ``kind``, or end the innermost one open (None); whether that
+        changed anything (ending none does not, nor beginning the kind it is in: the
+        caller that began it ends it). One begun inside another keeps the outer
+        one's start: the stretch lasts until the outer one ends, and its bound is the
+        largest of their kinds' (the watch's)."""
+        stretches = self.stretches
+        if kind is None:
+            if not stretches:
+                return False
+            stretches.pop()
+        elif stretches and stretches[-1] is kind:
+            return False  # already in it (a wait inside a save, a pause begun twice)
+        else:
+            stretches.append(kind)
+        if len(stretches) == (0 if kind is None else 1):  # the outermost began or ended
+            self.since = _monotonic()
+        self.stretch = _stretch_code(stretches)
+        self.flags = self.flags | PAUSED if stretches else self.flags & ~PAUSED
         self.write()
         return True
 
@@ -273,10 +325,13 @@ class _Board:
         self.last = now
         # Steps done: counted, or the script's index of the step just done, plus one.
         self.step = self.base + count if step is None else step + 1
+        mapped = self._map
+        self.seq = seq = self.seq + 1
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
         _PACK(
-            self._map,
-            0,
-            _MAGIC,
+            mapped,
+            _HEAD_AT,
             self.flags,
             count,
             self.step,
@@ -286,8 +341,19 @@ class _Board:
             self.pid,
             self.total,
         )
+        self.seq = seq = seq + 1
+        _SEQ_PACK(mapped, _TAIL_AT, seq)
+        _SEQ_PACK(mapped, _SEQ_AT, seq)
         if self.pending and now - self.metrics_written >= METRICS_EVERY_S:
             self.write_metrics(now)  # the last report's, held back by the rate
+
+
+def _stretch_code(stretches: Sequence[Stretch]) -> int:
+    """The board's code of the stretches open (outermost first): the outermost's code,
+    and above the low byte one bit per kind open. Pure."""
+    if not stretches:
+        return 0
+    return stretches[0].value | sum(1 << (8 + kind.value) for kind in set(stretches))
 
 
 # The script's metrics reach its file at most this often (each write is a small file).
@@ -360,9 +426,11 @@ def report(
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
-def pausing(kind: str) -> Callable[[_Fn], _Fn]:
+def pausing(kind: Stretch) -> Callable[[_Fn], _Fn]:
     """A decorator: the function run in the stretch ``kind`` (hpclaunch.checkpoint's save
-    and load are in SAVE and LOAD)."""
+    and load are in SAVE and LOAD): ``@pausing(SAVE)``. Raises TypeError for any other
+    ``kind`` (``@pausing`` alone would make a function that runs nothing)."""
+    _check_kind("pausing", kind)
 
     def wrap(fn: _Fn) -> _Fn:
         @functools.wraps(fn)
@@ -375,17 +443,28 @@ def pausing(kind: str) -> Callable[[_Fn], _Fn]:
     return wrap
 
 
+def _check_kind(name: str, kind: object) -> None:
+    if not isinstance(kind, Stretch):
+        bare = callable(kind)  # ``@pausing`` with no stretch: kind is the function
+        how = " (write @pausing(hpclaunch.progress.SAVE), with its stretch)" if bare else ""
+        raise TypeError(
+            f"hpclaunch.progress.{name}: kind={kind!r} is no hpclaunch.progress.Stretch; pass "
+            f"one of {', '.join(f'hpclaunch.progress.{k.name}' for k in Stretch)}{how}"
+        )
+
+
 @contextlib.contextmanager
-def paused(kind: str = PAUSE) -> Iterator[None]:
+def paused(kind: Stretch = PAUSE) -> Iterator[None]:
     """A stretch between steps that may outlast the hang timeout (an evaluation, an export):
     the agent judges it by its own bound (``--pause-timeout``, an hour by default) instead
     of the time since the last step. hpclaunch.checkpoint wraps its saves and loads in it
-    (their bound: ``--checkpoint-timeout``).
+    (their bound: ``--checkpoint-timeout``). Inside another stretch, it lasts as long as
+    the outer one, and the larger of their bounds holds.
 
         with hpclaunch.progress.paused():
             evaluate(model)
     """
-    if not set_paused(True, kind):  # nested: the outer one ends it
+    if not set_paused(True, kind):  # no board: outside a job
         yield
         return
     try:
@@ -394,12 +473,12 @@ def paused(kind: str = PAUSE) -> Iterator[None]:
         set_paused(False)
 
 
-def set_paused(on: bool, kind: str = PAUSE) -> bool:
+def set_paused(on: bool, kind: Stretch = PAUSE) -> bool:
     """Begin (``on``) the stretch ``kind`` or end the one begun (see ``paused``), for code
     whose pause begins and ends in two calls (a framework's callbacks); whether that
-    changed anything. Raises ValueError for a ``kind`` none of STRETCHES."""
-    if kind not in STRETCHES:
-        raise ValueError(f"hpclaunch.progress: kind={kind!r} is none of {', '.join(STRETCHES)}")
+    changed anything: end only a stretch whose begin returned True. Raises TypeError for a
+    ``kind`` that is no Stretch."""
+    _check_kind("set_paused", kind)
     board = _board if _opened else _open(os.environ)
     if board is None:
         return False
@@ -599,17 +678,42 @@ class _HookOnImport(importlib.abc.MetaPathFinder):
 
 
 def read(path: str) -> Progress | None:
-    """A worker's progress from its file (for the agent); None before it wrote any."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(_LAYOUT.size)
-    except OSError:
-        return None
-    if len(data) < _LAYOUT.size:
-        return None
-    fields = _LAYOUT.unpack(data)
-    magic, flags, count, step, first, last, slowest, pid, total, resumed, by, kind, since = fields
-    if magic != _MAGIC or (count and not last >= first > 0):  # not written, or half
+    """A worker's progress from its file (for the agent); None before it wrote any, and
+    when every one of a few reads caught it half-written (no news, not no progress)."""
+    for _ in range(_READ_TRIES):
+        try:
+            with open(path, "rb") as file:
+                data = file.read(_LAYOUT.size)
+        except OSError:
+            return None
+        if len(data) < _LAYOUT.size:
+            return None
+        if not torn(data):
+            return parse(data)
+    return None
+
+
+def torn(data: bytes) -> bool:
+    """Whether a board's bytes were read halfway through a write: its write counts differ
+    or one is under way, or it says what no whole write says (a count without its times,
+    a stretch without its start). Pure."""
+    fields = _LAYOUT.unpack(data[: _LAYOUT.size])
+    magic, seq, count, first, last = fields[0], fields[1], fields[3], fields[5], fields[6]
+    kind, since, tail = fields[12], fields[13], fields[14]
+    if magic != _MAGIC:
+        return False  # no board of this layout: nothing to retry
+    half = (count and not last >= first > 0) or (kind and not since > 0)
+    # A count of 0: the board's first write has not ended (the file is still zeroes).
+    return seq != tail or seq % 2 == 1 or seq == 0 or bool(half)
+
+
+def parse(data: bytes) -> Progress | None:
+    """The progress in a whole board's bytes (see ``torn``); None when they hold none
+    (not written yet, another layout). Pure."""
+    fields = _LAYOUT.unpack(data[: _LAYOUT.size])
+    magic, _, flags, count, step, first, last, slowest, pid, total = fields[:10]
+    resumed, by, kind, since, _ = fields[10:]
+    if magic != _MAGIC:
         return None
     seen = 0 < by <= len(RESUMED_BY) and resumed >= 0
     return Progress(
@@ -619,7 +723,8 @@ def read(path: str) -> Progress | None:
         last,
         slowest,
         bool(flags & STACKS_ON_SIGNAL),
-        stretch=STRETCHES[kind - 1] if 0 < kind <= len(STRETCHES) else None,
+        stretch=Stretch(kind & 0xFF) if 0 < kind & 0xFF <= len(Stretch) else None,
+        within=frozenset(k for k in Stretch if kind >> (8 + k.value) & 1),
         pid=pid,
         total=total if total >= 0 else None,
         job_steps=bool(flags & JOB_STEPS),

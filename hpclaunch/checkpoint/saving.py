@@ -133,6 +133,11 @@ class _Saver:
             if self.executor is None:
                 self.executor = ThreadPoolExecutor(1, thread_name_prefix="hpclaunch-checkpoint")
                 atexit.register(_at_exit)
+                # The interpreter joins the save's thread before ``atexit`` runs: its
+                # hooks run last registered first, so this one runs before that join.
+                hook = getattr(threading, "_register_atexit", None)
+                if hook is not None:
+                    hook(_exiting)
             self.pending = (save, self.executor.submit(save.run))
 
     def wait(self) -> Checkpoint | None:
@@ -244,8 +249,14 @@ def _errno_of(error: BaseException | None) -> int:
 
 def wait() -> Checkpoint | None:
     """Wait for the save in flight, if any; returns what it committed. Raises
-    CheckpointError when it failed (on every rank: the failure is shared)."""
-    return _saver.wait()
+    CheckpointError when it failed (on every rank: the failure is shared). The wait is
+    part of the save (bounded by --checkpoint-timeout, not by the time since the last
+    step: a long final save after the last step is no hang); with none in flight, no
+    stretch (it would count as activity)."""
+    if _saver.pending is None:
+        return None
+    with progress.paused(progress.SAVE):
+        return _saver.wait()
 
 
 def in_flight() -> int | None:
@@ -338,11 +349,19 @@ def _note(record: saves.SaveRecord) -> None:
         log.warning("cannot note the save's times in %s: %s", job_dir, exc)
 
 
+def _exiting() -> None:
+    """At the interpreter's exit, before it joins a save in flight: the join is part of
+    the save (its stretch, bounded by --checkpoint-timeout, not by the time since the
+    last step); the process ends after it, the stretch with it."""
+    if in_flight() is not None:
+        progress.set_paused(True, progress.SAVE)
+
+
 def _at_exit() -> None:
     """A process that ends with a save in flight finishes it first (concurrent.futures
     joins its threads before ``atexit`` runs this), or says that it is lost."""
     try:
-        done = _saver.wait()
+        done = wait()  # in the save's stretch, as any wait
     except CheckpointError as exc:
         log.error("%s", exc)
     else:

@@ -34,6 +34,7 @@ from hpclaunch.contract.supervisor import (
 from hpclaunch.contract.values import (
     HANG_FLOOR_S,
     HANG_MULTIPLE,
+    LOAD_MULTIPLE,
     PAUSE_S,
     STRETCH_FLOOR_S,
     STRETCH_MULTIPLE,
@@ -155,7 +156,8 @@ NO_SCRIPT = "SCRIPT"
     type=TYPES["checkpoint_timeout"],
     help="Seconds a save or load through hpclaunch.checkpoint may take before the workers "
     f"count as hung (as after --hang-timeout); auto: {STRETCH_MULTIPLE:g} x the job's slowest "
-    f"save, at least {STRETCH_FLOOR_S:g} s ({UNSEEN_SAVE_S:g} s before any save); off. "
+    f"recent save ({LOAD_MULTIPLE:g} x for a load), at least {STRETCH_FLOOR_S:g} s "
+    f"({UNSEEN_SAVE_S:g} s before any save, doubled for each attempt cut in one); off. "
     "[default: auto]",
 )
 @click.option(
@@ -168,9 +170,9 @@ NO_SCRIPT = "SCRIPT"
     "--first-step-timeout",
     type=TYPES["first_step_timeout"],
     help="Seconds from an attempt's start to its first step before the workers count as "
-    f"hung; auto: once the job has stepped, {STRETCH_MULTIPLE:g} x the longest an earlier "
-    f"attempt took, at least {STRETCH_FLOOR_S:g} s (a job's first start is not watched); "
-    "off. [default: auto]",
+    f"hung; auto: on a node that stepped in an earlier attempt, {STRETCH_MULTIPLE:g} x the "
+    f"longest an earlier attempt took, at least {STRETCH_FLOOR_S:g} s and a load's bound "
+    "(a job's first start is not watched); off. [default: auto]",
 )
 @click.option(
     "--max-requeues",

@@ -120,7 +120,7 @@ class AgentSettings:
         "--checkpoint-timeout",
         Parsed("checkpoint_timeout"),
         "Seconds a save or load through hpclaunch.checkpoint may take before the workers "
-        "count as hung; auto: a multiple of the job's slowest save, with a floor; off.",
+        "count as hung; auto: a multiple of the job's slowest recent save, with a floor; off.",
         Script.WHEN_SET,
     )
     pause_timeout: str = setting(
@@ -136,8 +136,8 @@ class AgentSettings:
         "--first-step-timeout",
         Parsed("first_step_timeout"),
         "Seconds from an attempt's start to its first step before the workers count as "
-        "hung; auto: once the job has stepped, a multiple of the longest start seen, with "
-        "a floor (not watched before); off.",
+        "hung; auto: on a node that stepped before, a multiple of the longest start seen, "
+        "at least a load's bound (not watched before); off.",
         Script.WHEN_SET,
     )
     grace_period_s: float = setting(

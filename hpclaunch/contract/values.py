@@ -7,6 +7,7 @@ means the same on both sides. Pure; each parser raises SpecError naming the opti
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -78,44 +79,59 @@ MIN_HANG_TIMEOUT_S = 1.0  # the watch looks twice a second: less would see hangs
 # The bounds of the stretches between steps, in the same words (auto, off, seconds):
 # --checkpoint-timeout (a save or load through hpclaunch.checkpoint), --pause-timeout (the
 # script's own hpclaunch.progress.paused()), --first-step-timeout (from an attempt's start
-# to its first step). auto: STRETCH_MULTIPLE times the longest the job's own were seen to
-# take, at least STRETCH_FLOOR_S; UNSEEN_SAVE_S for a save or load before any save of the
-# job was recorded; PAUSE_S for a pause; the first step of an attempt is watched only once
-# the job has stepped (hpclaunch.node.hangs).
+# to its first step). auto: STRETCH_MULTIPLE times the longest the job's recent saves and
+# its starts were seen to take (LOAD_MULTIPLE for a load: every rank may read one file that
+# one rank wrote), at least STRETCH_FLOOR_S; UNSEEN_SAVE_S for a save or load before any
+# save of the job was recorded; PAUSE_S for a pause; the first step of an attempt is
+# watched only on a node that stepped in an earlier attempt, and never shorter than a
+# load (the attempt may resume) (hpclaunch.node.hangs).
 STRETCH_FLOOR_S = 300.0
 STRETCH_MULTIPLE = 10.0
+LOAD_MULTIPLE = 2 * STRETCH_MULTIPLE
 UNSEEN_SAVE_S = 1800.0
 PAUSE_S = 3600.0
+
+
+class TimeoutField(enum.Enum):
+    """The watch's timeouts, each by the spec's field (the option is its --dashed name)."""
+
+    HANG = "hang_timeout"
+    CHECKPOINT = "checkpoint_timeout"
+    PAUSE = "pause_timeout"
+    FIRST_STEP = "first_step_timeout"
+
+
 # What each option's auto means, for its error message.
 _AUTO_MEANS = {
-    "hang_timeout": "a multiple of the slowest step, with a floor",
-    "checkpoint_timeout": "a multiple of the job's slowest save, with a floor",
-    "pause_timeout": f"{PAUSE_S:g} s",
-    "first_step_timeout": "once the job has stepped, a multiple of the longest start seen",
+    TimeoutField.HANG: "a multiple of the slowest step, with a floor",
+    TimeoutField.CHECKPOINT: "a multiple of the job's slowest recent save, with a floor",
+    TimeoutField.PAUSE: f"{PAUSE_S:g} s",
+    TimeoutField.FIRST_STEP: "once the node has stepped, a multiple of the longest start "
+    "seen, at least the load's bound",
 }
 
 
 def parse_hang_timeout(text: str | float) -> str:
     """``auto``, ``off`` or seconds above 0, as the agent's option writes it. Raises SpecError."""
-    return parse_timeout(text, "hang_timeout")
+    return parse_timeout(text, TimeoutField.HANG)
 
 
 def parse_checkpoint_timeout(text: str | float) -> str:
     """``--checkpoint-timeout``: as ``parse_timeout``. Raises SpecError."""
-    return parse_timeout(text, "checkpoint_timeout")
+    return parse_timeout(text, TimeoutField.CHECKPOINT)
 
 
 def parse_pause_timeout(text: str | float) -> str:
     """``--pause-timeout``: as ``parse_timeout``. Raises SpecError."""
-    return parse_timeout(text, "pause_timeout")
+    return parse_timeout(text, TimeoutField.PAUSE)
 
 
 def parse_first_step_timeout(text: str | float) -> str:
     """``--first-step-timeout``: as ``parse_timeout``. Raises SpecError."""
-    return parse_timeout(text, "first_step_timeout")
+    return parse_timeout(text, TimeoutField.FIRST_STEP)
 
 
-def parse_timeout(text: str | float, field: str) -> str:
+def parse_timeout(text: str | float, field: TimeoutField) -> str:
     """A watch's timeout for the option of ``field`` (one of the hang and stretch timeouts):
     ``auto``, ``off`` or seconds, at least MIN_HANG_TIMEOUT_S, as the agent's option writes
     it. Raises SpecError naming the option."""
@@ -127,10 +143,10 @@ def parse_timeout(text: str | float, field: str) -> str:
     except ValueError:
         seconds = float("nan")
     if not MIN_HANG_TIMEOUT_S <= seconds < float("inf"):
-        what = "without progress" if field == "hang_timeout" else "it may last"
+        what = "without progress" if field is TimeoutField.HANG else "it may last"
         raise SpecError(
-            field,
-            f"{text!r} is not a {field.replace('_', ' ')}; give seconds {what} (at least "
+            field.value,
+            f"{text!r} is not a {field.value.replace('_', ' ')}; give seconds {what} (at least "
             f"{MIN_HANG_TIMEOUT_S:g}), {HANG_AUTO!r} ({_AUTO_MEANS[field]}) or {HANG_OFF!r}",
         )
     return f"{seconds:f}".rstrip("0").rstrip(".")

@@ -129,6 +129,7 @@ class StopCheckpoint(pl.Callback):
         self._saved_step = -1
         self._step_before = -1  # global_step when the current batch started
         self._next_metrics = 0.0  # when the logged metrics are next read (monotonic)
+        self._pausing = False  # this callback began the pause it is in (see on_*_start)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -192,18 +193,28 @@ class StopCheckpoint(pl.Callback):
 
     # Validation and testing take no optimizer steps: hpclaunch's hang watch judges them
     # as a pause (hpclaunch.progress.paused, bounded by --pause-timeout), not by the time
-    # since the last step.
+    # since the last step. Only a pause this callback began is ended by it: a user's own
+    # paused() around trainer.validate() holds until the user's block ends.
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        progress.set_paused(True)
+        self._pause()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        progress.set_paused(False)
+        self._unpause()
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        progress.set_paused(True)
+        self._pause()
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        progress.set_paused(False)
+        self._unpause()
+
+    def _pause(self) -> None:
+        if not self._pausing:
+            self._pausing = progress.set_paused(True)
+
+    def _unpause(self) -> None:
+        if self._pausing:
+            self._pausing = False
+            progress.set_paused(False)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A stop that came after the last batch would otherwise requeue a finished run

@@ -19,7 +19,7 @@ from typing import Any
 
 from hpclaunch.contract import rendezvous
 from hpclaunch.contract.agent import EntryKind
-from hpclaunch.contract.values import parse_endpoints, parse_nodes, parse_timeout
+from hpclaunch.contract.values import TimeoutField, parse_endpoints, parse_nodes, parse_timeout
 from hpclaunch.errors import ConfigError, SpecError
 from hpclaunch.job.spec import GpuDirective, JobSpec
 from hpclaunch.job.values import parse_mem, parse_time
@@ -101,7 +101,7 @@ def _table(value: Any, *, flags: bool) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
-def _timeout(field: str) -> Callable[[Any], Any]:
+def _timeout(field: TimeoutField) -> Callable[[Any], Any]:
     """A watch's timeout (hpclaunch.contract.values.parse_timeout): seconds, 'auto' or 'off'."""
 
     def convert(value: Any) -> Any:
@@ -134,10 +134,10 @@ PROFILE_KEYS: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "adopt_checkpoints": ("adopt_checkpoints", _expect(bool, "true or false")),
     "checkpoint_patterns": ("checkpoint_patterns", _str_list),
     "max_restarts": ("max_restarts", _INT),
-    "hang_timeout": ("hang_timeout", _timeout("hang_timeout")),
-    "checkpoint_timeout": ("checkpoint_timeout", _timeout("checkpoint_timeout")),
-    "pause_timeout": ("pause_timeout", _timeout("pause_timeout")),
-    "first_step_timeout": ("first_step_timeout", _timeout("first_step_timeout")),
+    "hang_timeout": ("hang_timeout", _timeout(TimeoutField.HANG)),
+    "checkpoint_timeout": ("checkpoint_timeout", _timeout(TimeoutField.CHECKPOINT)),
+    "pause_timeout": ("pause_timeout", _timeout(TimeoutField.PAUSE)),
+    "first_step_timeout": ("first_step_timeout", _timeout(TimeoutField.FIRST_STEP)),
     "max_requeues": ("max_requeues", _INT),
     "max_failure_requeues": ("max_failure_requeues", _INT),
     "signal_lead": ("signal_lead_s", _INT),

@@ -176,8 +176,9 @@ class JobSpec:
         if self.cpus_per_task is not None:
             _check_count("cpus_per_task", self.cpus_per_task, 1)
         _check_count("max_restarts", self.max_restarts, 0)
-        for name in ("hang_timeout", "checkpoint_timeout", "pause_timeout", "first_step_timeout"):
-            object.__setattr__(self, name, values.parse_timeout(getattr(self, name), name))
+        for field in values.TimeoutField:
+            text = getattr(self, field.value)
+            object.__setattr__(self, field.value, values.parse_timeout(text, field))
         _check_count("max_requeues", self.max_requeues, 0)
         _check_count("max_failure_requeues", self.max_failure_requeues, 0)
         if self.master_port is not None:

@@ -51,6 +51,9 @@ class AttemptEvent:
     # worker saw that (hpclaunch.jobdir.progress_notes.RESUMED_BY); None: not seen.
     resumed: int | None = None
     resumed_by: str | None = None
+    # The node's rank in the job (host names change across requeues; the hang watch arms
+    # an attempt's first step on a node whose rank stepped before). None: an older log.
+    node_rank: int | None = None
 
 
 def path(job: JobFolder, requeue: int, node: str) -> Path:

@@ -52,6 +52,9 @@ class HangReport:
     # Where the workers hung when not between two steps, past that stretch's bound: "in
     # checkpoint save for 31 s (bound 30 s)", "with no first step for 40 s (bound 30 s)".
     stretch: str | None = None
+    # The kind of that stretch (hpclaunch.progress.Stretch, lower case: "save", "load",
+    # "pause"); None: between steps, or before the first (an older report: unknown).
+    stretch_kind: str | None = None
 
     def messages(self, blamed: bool) -> dict[int, str]:
         """rank -> the failure record's message for it (hpclaunch.jobdir.failures): the

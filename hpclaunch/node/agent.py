@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpclaunch.contract.agent import AgentSettings, RankOrder
+from hpclaunch.contract.values import TimeoutField
 from hpclaunch.contract.worker_env import framework_env
 from hpclaunch.errors import HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, joblogs, unwritten
@@ -324,9 +325,9 @@ def _hang_watch(ctx: NodeContext, opts: AgentSettings, job: Path) -> Watch:
         requeue=ctx.restart_count,
         timeout=HangTimeout.parse(opts.hang_timeout),
         bounds=Bounds(
-            HangTimeout.parse(opts.checkpoint_timeout, "checkpoint_timeout"),
-            HangTimeout.parse(opts.pause_timeout, "pause_timeout"),
-            HangTimeout.parse(opts.first_step_timeout, "first_step_timeout"),
+            HangTimeout.parse(opts.checkpoint_timeout, TimeoutField.CHECKPOINT),
+            HangTimeout.parse(opts.pause_timeout, TimeoutField.PAUSE),
+            HangTimeout.parse(opts.first_step_timeout, TimeoutField.FIRST_STEP),
         ),
     )
 

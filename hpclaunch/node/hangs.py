@@ -12,10 +12,12 @@ each node sees the hang by itself, and no node sends anything per step.
 Nothing between steps waits forever either (``Bounds``): a rank in a stretch its board
 names (a save or load through hpclaunch.checkpoint, the script's own ``paused()``) hangs
 when the stretch outlasts its bound, and an attempt's first step, once the job has
-stepped in an earlier attempt or run, is watched from the attempt's start. The automatic
-bounds come from the job's own record (``Learned``): its saves
-(hpclaunch.jobdir.saves) and how long its earlier attempts took to their first step
-(hpclaunch.jobdir.attempts), times STRETCH_MULTIPLE, never less than STRETCH_FLOOR_S.
+stepped in an earlier attempt or run, is watched from the attempt's start on each node
+that stepped before. The automatic bounds come from the job's own record (``Learned``):
+its recent saves (hpclaunch.jobdir.saves) and how long its earlier attempts took to their
+first step (hpclaunch.jobdir.attempts), times STRETCH_MULTIPLE (LOAD_MULTIPLE for a
+load), never less than STRETCH_FLOOR_S; an attempt's first step, which may include a
+load of the script's own, never less than a load's.
 
 At a hang the watch reads every rank's stack (hpclaunch.node.stacks), names the rank
 this node has evidence against (stopped, or not waiting in a collective while others
@@ -39,10 +41,12 @@ from hpclaunch.contract.values import (
     HANG_FLOOR_S,
     HANG_MULTIPLE,
     HANG_OFF,
+    LOAD_MULTIPLE,
     PAUSE_S,
     STRETCH_FLOOR_S,
     STRETCH_MULTIPLE,
     UNSEEN_SAVE_S,
+    TimeoutField,
     parse_hang_timeout,
     parse_timeout,
 )
@@ -75,7 +79,7 @@ class HangTimeout:
     off: bool = False
 
     @classmethod
-    def parse(cls, text: str, field: str = "hang_timeout") -> HangTimeout:
+    def parse(cls, text: str, field: TimeoutField = TimeoutField.HANG) -> HangTimeout:
         """From the text of ``--hang-timeout`` (or of the option of ``field``: the stretch
         timeouts take the same words). Raises SpecError naming the value."""
         value = parse_timeout(text, field)
@@ -112,10 +116,25 @@ class Bounds:
 class Learned:
     """What the job's own record says its stretches take (see ``learn``)."""
 
-    slowest_save_s: float | None = None  # None: no save of the job recorded
-    # The longest an earlier attempt took from its start to its first step (0.0 where
-    # none could be timed); None: the job never stepped.
+    slowest_save_s: float | None = None  # of its recent saves; None: none recorded
+    # The longest an earlier attempt took from its start to its first step, on any node
+    # (0.0 where none could be timed); None: this node never stepped (a node whose
+    # script never steps, a role without training, is not watched for a first step).
     first_step_s: float | None = None
+    # Hangs of the job in a save or load cut by its bound (each attempt once): before any
+    # save was recorded, each doubles the unseen save's bound (a first save that takes
+    # longer than it would be cut in every attempt).
+    cut_saves: int = 0
+
+
+MAX_DOUBLINGS = 6  # of the unseen save's bound: at most 64 times it
+
+
+def unseen_save_bound(kind: progress.Stretch, bounds: Bounds, learned: Learned) -> bool:
+    """Whether the bound of ``kind`` is the automatic one of a job with no save recorded
+    (a guess: the hang says how to give a better one). Pure."""
+    auto = not bounds.checkpoint.off and bounds.checkpoint.seconds is None
+    return kind in (progress.SAVE, progress.LOAD) and auto and learned.slowest_save_s is None
 
 
 # A stretch as the hang report says it: "rank 1 in checkpoint save for 31 s (bound 30 s)".
@@ -126,7 +145,7 @@ STRETCH_WORDS = {
 }
 
 
-def stretch_bound(kind: str, bounds: Bounds, learned: Learned) -> float | None:
+def stretch_bound(kind: progress.Stretch, bounds: Bounds, learned: Learned) -> float | None:
     """The seconds a rank may stay in the stretch ``kind`` (one of progress.STRETCHES);
     None: unbounded (its option is off). Pure."""
     timeout = bounds.pause if kind == progress.PAUSE else bounds.checkpoint
@@ -137,43 +156,63 @@ def stretch_bound(kind: str, bounds: Bounds, learned: Learned) -> float | None:
     if kind == progress.PAUSE:
         return PAUSE_S
     if learned.slowest_save_s is None:
-        return UNSEEN_SAVE_S  # a first save may be the longest: nothing says how long
-    # A load reads what a save wrote: the job's saves measure both.
-    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.slowest_save_s)
+        # A first save may be the longest: nothing says how long, but one cut before
+        # was too long for this bound.
+        return UNSEEN_SAVE_S * float(2 ** min(learned.cut_saves, MAX_DOUBLINGS))
+    # A load reads what the saves wrote, but every rank may read what one rank wrote.
+    multiple = LOAD_MULTIPLE if kind == progress.LOAD else STRETCH_MULTIPLE
+    return max(STRETCH_FLOOR_S, multiple * learned.slowest_save_s)
 
 
 def first_step_bound(bounds: Bounds, learned: Learned) -> float | None:
     """The seconds an attempt may take to its first step; None: not watched (off, or
-    auto in a job that never stepped: its start may take any time). Pure."""
+    auto on a node that never stepped: its start may take any time). Auto is never less
+    than a load's bound: the attempt may resume, and a script's own load (torch.load,
+    a framework's restore) is no stretch of its board; with loads unbounded, neither is
+    the first step. Pure."""
     timeout = bounds.first_step
     if timeout.off:
         return None
     if timeout.seconds is not None:
         return timeout.seconds
-    if learned.first_step_s is None:
+    load = stretch_bound(progress.LOAD, bounds, learned)
+    if learned.first_step_s is None or load is None:
         return None
-    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.first_step_s)
+    return max(STRETCH_FLOOR_S, STRETCH_MULTIPLE * learned.first_step_s, load)
 
 
 def learn(
-    recorded: Sequence[saves.SaveRecord], events: Iterable[tuple[int, attempts.AttemptEvent]]
+    recorded: Sequence[saves.SaveRecord],
+    events: Iterable[tuple[int, attempts.AttemptEvent]],
+    node_rank: int | None = None,
+    hung: Iterable[HangReport] = (),
 ) -> Learned:
-    """The job's record as the bounds use it: its slowest save, and the longest its
-    attempts took from their ``begin`` to their ``first`` step (``events``: (requeue,
-    event) of every run's attempts logs), each node's attempt timed on its own. Pure."""
+    """The job's record as the bounds use it: its slowest recent save; the attempts whose
+    save or load was cut by its bound (``hung``: every run's hang reports); and, when the
+    node of ``node_rank`` stepped in an earlier attempt, the longest its attempts took
+    from their ``begin`` to their ``first`` step (``events``: (requeue, event) of every
+    run's attempts logs), each node's attempt timed on its own. Pure."""
     begun: dict[tuple[int, str, int], float] = {}
     firsts: list[tuple[tuple[int, str, int], float]] = []
+    stepped_here = False
     for requeue, event in events:
         key = (requeue, event.node, event.attempt)
         if event.event == attempts.BEGIN:
             begun[key] = event.time
         elif event.event == attempts.FIRST:
             firsts.append((key, event.time))
+            # A log of an older hpclaunch names no node rank: not known to be this node.
+            stepped_here = stepped_here or (
+                event.node_rank is not None and event.node_rank == node_rank
+            )
     first_step = None
-    if firsts:
+    if stepped_here:
         timed = [at - begun[key] for key, at in firsts if key in begun]
         first_step = max([0.0, *timed])
-    return Learned(max((r.total_s for r in recorded), default=None), first_step)
+    slowest = saves.slowest(recorded)
+    checkpointing = (str(progress.SAVE), str(progress.LOAD))
+    cut = {(r.requeue, r.attempt) for r in hung if r.stretch_kind in checkpointing}
+    return Learned(None if slowest is None else slowest.total_s, first_step, len(cut))
 
 
 @dataclass(frozen=True)
@@ -196,6 +235,7 @@ class Hang:
     # Where the workers hung, when not between two steps, without the ranks: "in
     # checkpoint save for 31 s (bound 30 s)", "with no first step for 40 s (bound 30 s)".
     stretch: str | None = None
+    kind: progress.Stretch | None = None  # that stretch's kind; None: the first step
 
 
 def judge(
@@ -213,20 +253,26 @@ def judge(
     stopped = _stopped(seen, timeout)
     if stopped is not None:
         return stopped
-    # (rank, stretch, seconds in it) of each rank in one.
+    # (rank, stretch, seconds in it, its bound) of each rank in one: the bound of the
+    # largest of the stretches open (a save inside the script's pause: the larger).
     in_stretch = [
-        (s.rank, s.progress.stretch, now - s.progress.since)
+        (s.rank, s.progress.stretch, now - s.progress.since, _bound_of(s.progress, bounds, learned))
         for s in seen
         if s.progress is not None and s.progress.stretch is not None
     ]
-    for _, kind, held in in_stretch:
-        bound = stretch_bound(kind, bounds, learned)
+    for _, kind, held, bound in in_stretch:
         if bound is not None and held >= bound:
-            past = [(r, h) for r, k, h in in_stretch if k == kind and h >= bound]
+            past = [(r, h) for r, k, h, b in in_stretch if k == kind and b == bound and h >= bound]
             names = ("rank " if len(past) == 1 else "ranks ") + ", ".join(str(r) for r, _ in past)
             longest = max(h for _, h in past)
-            words = f"in {STRETCH_WORDS[kind]} for {longest:.0f} s (bound {bound:g} s)"
-            return Hang(f"{names} {words}", bound, tuple(seen), words)
+            why = ""
+            if unseen_save_bound(kind, bounds, learned):
+                why = (
+                    ": no save of this job was recorded yet; give --checkpoint-timeout "
+                    "if its saves take longer"
+                )
+            words = f"in {STRETCH_WORDS[kind]} for {longest:.0f} s (bound {bound:g} s{why})"
+            return Hang(f"{names} {words}", bound, tuple(seen), words, kind)
     if in_stretch:
         return None  # each is judged by its own bound, above
     # Since the last step, or the end of a stretch after it (a save between two steps).
@@ -248,6 +294,14 @@ def judge(
     if idle < limit:
         return None
     return Hang(f"no progress for {idle:.0f} s (limit {limit:g} s)", limit, tuple(seen))
+
+
+def _bound_of(read: progress.Progress, bounds: Bounds, learned: Learned) -> float | None:
+    """The bound of a rank's stretch: the largest of its open kinds' (None: one is
+    unbounded). Pure."""
+    kinds = read.within | ({read.stretch} if read.stretch is not None else set())
+    found = [stretch_bound(kind, bounds, learned) for kind in kinds]
+    return None if None in found else max((b for b in found if b is not None), default=None)
 
 
 def _stopped(seen: Sequence[Seen], timeout: HangTimeout) -> Hang | None:
@@ -302,6 +356,9 @@ class Watch:
         self.attempt = 0
         self._ranks: dict[int, int] = {}  # local rank -> global rank
         self._stopped_since: dict[int, float] = {}
+        # local rank -> its last whole reading in this attempt: a read that fails (the
+        # board caught mid-write every time) is no news, not a rank without progress.
+        self._last_read: dict[int, progress.Progress] = {}
         self._next_check = self._next_note = self._next_requests = 0.0
         self.last_report: HangReport | None = None
         self._firsts: set[int] = set()  # attempts whose first step is in the attempts log
@@ -326,6 +383,7 @@ class Watch:
         """A new attempt's workers (local rank -> global rank) are about to start."""
         self.attempt, self._ranks = attempt, dict(ranks)
         self._stopped_since.clear()
+        self._last_read.clear()
         self.folder(attempt).mkdir(parents=True, exist_ok=True)
         self._learned = self._learn()  # before this attempt's own begin is logged
         self._next_learn = self._clock() + NOTE_S
@@ -335,12 +393,10 @@ class Watch:
     def _learn(self) -> Learned:
         """The bounds' measures from the job folder: every save recorded, and every run's
         attempts logs up to this one (a folder that cannot be read: nothing learned)."""
-        events = [
-            (requeue, event)
-            for requeue in range(self.requeue + 1)
-            for event in read_run(self._job.root, requeue).events
-        ]
-        return learn(saves.read(self._job.saves), events)
+        runs = [read_run(self._job.root, requeue) for requeue in range(self.requeue + 1)]
+        events = [(run.requeue, event) for run in runs for event in run.events]
+        hung = [report for run in runs for report in run.hangs]
+        return learn(saves.read(self._job.saves), events, self.node_rank, hung)
 
     def check(self, pids: Mapping[int, int]) -> Hang | None:
         """Look at the workers (local rank -> pid) if CHECK_S has passed: a hang, or None.
@@ -356,7 +412,7 @@ class Watch:
         if now >= self._next_note and self.note(now):
             self._next_note = now + NOTE_S
         checkpointing = any(
-            s.progress is not None and s.progress.stretch in (progress.SAVE, progress.LOAD)
+            s.progress is not None and s.progress.within & {progress.SAVE, progress.LOAD}
             for s in seen
         )
         if checkpointing and now >= self._next_learn:  # the saves of this attempt count too
@@ -377,13 +433,18 @@ class Watch:
             else:
                 self._stopped_since.pop(local_rank, None)
             since = self._stopped_since.get(local_rank)
+            read = progress.read(str(folder / f"local-{local_rank}.progress"))
+            if read is None:
+                read = self._last_read.get(local_rank)
+            else:
+                self._last_read[local_rank] = read
             seen.append(
                 Seen(
                     self._ranks.get(local_rank, local_rank),
                     local_rank,
                     pid,
                     state,
-                    progress.read(str(folder / f"local-{local_rank}.progress")),
+                    read,
                     now - since if since is not None else 0.0,
                 )
             )
@@ -443,6 +504,7 @@ class Watch:
             how,
             str(stacks_file),
             hang.stretch,
+            None if hang.kind is None else str(hang.kind),
         )
         try:
             stacks_file.parent.mkdir(parents=True, exist_ok=True)
@@ -603,6 +665,7 @@ class Watch:
         )
 
     def _log_event(self, event: attempts.AttemptEvent) -> None:
+        event = replace(event, node_rank=self.node_rank)
         try:
             attempts.append(self._job, self.requeue, event)
         except OSError as exc:

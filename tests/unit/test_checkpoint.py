@@ -206,3 +206,42 @@ def test_remove_takes_a_file_a_folder_or_nothing(tmp_path: Path) -> None:
     for path in (single, shards, tmp_path / "never-there"):
         store.remove(path)
         assert not path.exists()
+
+
+def test_waiting_for_an_asynchronous_save_is_in_the_saves_stretch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint.wait() after the last step, and the interpreter's join of a save in
+    flight at exit, are the save's stretch on the worker's board (bounded by
+    --checkpoint-timeout), not time without a step; with nothing in flight, no stretch."""
+    from concurrent.futures import Future
+
+    from hpclaunch import progress
+    from hpclaunch.checkpoint import saving
+
+    path = str(tmp_path / "local-0.progress")
+    monkeypatch.setattr(progress, "_board", progress._Board(path))
+    monkeypatch.setattr(progress, "_opened", True)
+
+    class Reading(Future):  # type: ignore[type-arg]
+        """A save whose result is the board as its waiter sees it."""
+
+        def result(self, timeout: float | None = None) -> object:
+            return progress.read(path)
+
+    class Save:
+        step = 29
+        asynchronous = True
+
+    monkeypatch.setattr(saving._saver, "pending", (Save(), Reading()))
+    during = checkpoint.wait()
+    assert isinstance(during, progress.Progress) and during.stretch == progress.SAVE
+    after = progress.read(path)
+    assert after is not None and after.stretch is None and after.since >= during.since
+    assert checkpoint.wait() is None
+    assert progress.read(path) == after  # nothing in flight: the board is left alone
+    running: Future[object] = Future()
+    monkeypatch.setattr(saving._saver, "pending", (Save(), running))
+    saving._exiting()
+    exiting = progress.read(path)
+    assert exiting is not None and exiting.stretch == progress.SAVE

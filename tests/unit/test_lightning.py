@@ -95,3 +95,33 @@ def test_commit_gives_a_file_or_a_folder_its_name_in_one_rename(
         assert (final / "shards" / "rank-0.distcp").read_bytes() == b"0"
     else:
         assert final.read_bytes() == b"state"
+
+
+def test_the_callback_ends_only_the_pause_it_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation is a pause; a user's own paused() around trainer.validate() goes on after
+    the callback's on_validation_end, until the user's block ends."""
+    from hpclaunch import progress
+
+    path = str(tmp_path / "local-0.progress")
+    monkeypatch.setattr(progress, "_board", progress._Board(path))
+    monkeypatch.setattr(progress, "_opened", True)
+    callback = hl.StopCheckpoint()
+
+    def stretch() -> progress.Stretch | None:
+        read = progress.read(path)
+        assert read is not None
+        return read.stretch
+
+    callback.on_validation_start(None, None)  # type: ignore[arg-type]
+    assert stretch() == progress.PAUSE
+    callback.on_validation_end(None, None)  # type: ignore[arg-type]
+    assert stretch() is None
+    with progress.paused():
+        callback.on_validation_start(None, None)  # type: ignore[arg-type]
+        callback.on_validation_end(None, None)  # type: ignore[arg-type]
+        assert stretch() == progress.PAUSE  # the user's pause holds
+        callback.on_test_end(None, None)  # type: ignore[arg-type]  # began nothing: ends nothing
+        assert stretch() == progress.PAUSE
+    assert stretch() is None
