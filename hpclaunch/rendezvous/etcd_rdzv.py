@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
@@ -47,6 +47,9 @@ from hpclaunch.rendezvous.etcd.outage import (
     rebuilt_line,
 )
 from hpclaunch.rendezvous.ranked_c10d import RankedHandler, RankedNodeDesc, node_multiple
+
+if TYPE_CHECKING:  # the client needs the etcd extra: imported where it is used
+    from hpclaunch.rendezvous.etcd.client import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +77,10 @@ class EtcdBackend(dynamic.RendezvousBackend):
     gone: torch would otherwise start from an empty state, see every node gone
     from the round, and stop the healthy workers of every node."""
 
-    def __init__(self, etcd: Any, key: str, keeper: Any, watch: Any = None) -> None:
+    def __init__(self, etcd: Any, key: str, keeper: LeaseKeeper, watch: Any = None) -> None:
         self._etcd = etcd
         self._key = key
-        self._keeper = keeper  # a LeaseKeeper: the lease every write is made on
+        self._keeper = keeper  # the lease every write is made on
         self._watch = watch
         self._known = 0  # the newest store revision this node has read or written
         self._held = 0  # the mod revision of the state last handed to torch (0: none)
@@ -171,11 +174,11 @@ class EtcdBackend(dynamic.RendezvousBackend):
 class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
     """A c10d Store on etcd v3 for the agents (the workers get a TCPStore, as with c10d)."""
 
-    def __init__(self, etcd: Any, prefix: str, keeper: Any, watch: Any = None) -> None:
+    def __init__(self, etcd: Any, prefix: str, keeper: LeaseKeeper, watch: Any = None) -> None:
         super().__init__()
         self._etcd = etcd
         self._prefix = prefix
-        self._keeper = keeper  # a LeaseKeeper: the lease every write is made on
+        self._keeper = keeper  # the lease every write is made on
         self._watch = watch  # a KeyWatch of the whole prefix, for the blocking reads
         self.set_timeout(DEFAULT_STORE_TIMEOUT)
 
