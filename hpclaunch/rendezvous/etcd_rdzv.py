@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
@@ -40,8 +40,16 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 from hpclaunch.errors import EtcdError
 from hpclaunch.rendezvous.delays import Pacing
 from hpclaunch.rendezvous.etcd.access import Access, read_password
-from hpclaunch.rendezvous.etcd.outage import DEFAULT_OUTAGE_TIMEOUT_S, forgive_heartbeats
+from hpclaunch.rendezvous.etcd.outage import (
+    DEFAULT_OUTAGE_TIMEOUT_S,
+    forgive_heartbeats,
+    history_restarted,
+    rebuilt_line,
+)
 from hpclaunch.rendezvous.ranked_c10d import RankedHandler, RankedNodeDesc, node_multiple
+
+if TYPE_CHECKING:  # the client needs the etcd extra: imported where it is used
+    from hpclaunch.rendezvous.etcd.client import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +70,21 @@ class EtcdBackend(dynamic.RendezvousBackend):
     """The rendezvous state in one etcd key; the fencing token is its mod revision.
 
     Reads come from a watch stream of the key where it is current (no request),
-    else from etcd; a write goes to etcd as a compare-and-swap."""
+    else from etcd; a write goes to etcd as a compare-and-swap.
 
-    def __init__(self, etcd: Any, key: str, lease: Callable[[], int], watch: Any = None) -> None:
+    A state that vanishes once this node held one (etcd wiped, or a new etcd on its
+    address) is written back as this node last held it, by the first node to see it
+    gone: torch would otherwise start from an empty state, see every node gone
+    from the round, and stop the healthy workers of every node."""
+
+    def __init__(self, etcd: Any, key: str, keeper: LeaseKeeper, watch: Any = None) -> None:
         self._etcd = etcd
         self._key = key
-        self._lease = lease
+        self._keeper = keeper  # the lease every write is made on
         self._watch = watch
         self._known = 0  # the newest store revision this node has read or written
         self._held = 0  # the mod revision of the state last handed to torch (0: none)
+        self._last: bytes | None = None  # the state last handed to torch
 
     @property
     def name(self) -> str:
@@ -82,18 +96,57 @@ class EtcdBackend(dynamic.RendezvousBackend):
             kv, revision, _ = watched
         else:
             kv, revision = self._call(lambda: self._etcd.get(self._key))
+            # etcd counts revisions from 1 again after it lost its data.
+            self._known = revision if history_restarted(revision, self._known) else self._known
         self._known = max(self._known, revision)
+        if kv is None and self._last is not None:
+            kv = self._rebuild(self._last)[1]
+        elif kv is not None:
+            self._note_rebuilt_elsewhere(kv)
         self._held = kv.mod_revision if kv is not None else 0
-        return None if kv is None else (self._forgiven(kv.value), kv.mod_revision)
+        if kv is None:
+            return None
+        self._last = kv.value
+        return self._forgiven(kv.value), kv.mod_revision
 
     def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
         expected = token if isinstance(token, int) else None
-        done, kv = self._call(lambda: self._etcd.swap(self._key, state, expected, self._lease()))
+        done, kv = self._write(state, expected)
+        if kv is None and expected is not None:
+            # The key is gone (etcd lost its data): torch would take that for an
+            # empty rendezvous. This node's state, the newest it knows, goes back.
+            done, kv = self._rebuild(state)
+        elif kv is not None and not done:
+            self._note_rebuilt_elsewhere(kv)
         if kv is None:  # the key went away between the compare and the read
             return None
         self._known = max(self._known, kv.mod_revision)
         self._held = kv.mod_revision
+        self._last = kv.value
         return self._forgiven(kv.value), kv.mod_revision, done
+
+    def _write(self, state: bytes, expected: int | None) -> tuple[bool, Any]:
+        result: tuple[bool, Any] = self._call(
+            lambda: self._keeper.write(
+                lambda lease: self._etcd.swap(self._key, state, expected, lease)
+            )
+        )
+        return result
+
+    def _note_rebuilt_elsewhere(self, kv: Any) -> None:
+        """A state older in revisions than the one this node held: etcd lost its data
+        and counts from 1 again, and another node wrote its state back before this
+        one saw the key gone. Said once, as the node that wrote it back says it."""
+        if history_restarted(kv.mod_revision, self._held):
+            log.warning(rebuilt_line(kv.value, wrote=False))
+
+    def _rebuild(self, state: bytes) -> tuple[bool, Any]:
+        """Write ``state`` back where the key vanished, unless another node did first;
+        (whether this node wrote it, the key as it is now). Logged once per loss."""
+        done, kv = self._write(state, None)
+        if kv is not None:
+            log.warning(rebuilt_line(kv.value, wrote=done))
+        return done, kv
 
     def _forgiven(self, state: bytes) -> bytes:
         """The state, its heartbeats forgiven for an outage etcd came back from lately."""
@@ -121,11 +174,11 @@ class EtcdBackend(dynamic.RendezvousBackend):
 class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
     """A c10d Store on etcd v3 for the agents (the workers get a TCPStore, as with c10d)."""
 
-    def __init__(self, etcd: Any, prefix: str, lease: Callable[[], int], watch: Any = None) -> None:
+    def __init__(self, etcd: Any, prefix: str, keeper: LeaseKeeper, watch: Any = None) -> None:
         super().__init__()
         self._etcd = etcd
         self._prefix = prefix
-        self._lease = lease
+        self._keeper = keeper  # the lease every write is made on
         self._watch = watch  # a KeyWatch of the whole prefix, for the blocking reads
         self.set_timeout(DEFAULT_STORE_TIMEOUT)
 
@@ -133,11 +186,11 @@ class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
         return self._prefix + key
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._etcd.put(self._key(key), _bytes(value), self._lease())
+        self._keeper.write(lambda lease: self._etcd.put(self._key(key), _bytes(value), lease))
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
         items = [(self._key(k), _bytes(v)) for k, v in zip(keys, values, strict=True)]
-        self._etcd.put_many(items, self._lease())
+        self._keeper.write(lambda lease: self._etcd.put_many(items, lease))
 
     def get(self, key: str) -> bytes:
         return self._wait_values([key], None)[0]
@@ -156,9 +209,7 @@ class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
         while True:
             kv, _ = self._etcd.get(name)
             value = (int(kv.value) if kv is not None else 0) + num
-            done, _ = self._etcd.swap(
-                name, str(value).encode(), None if kv is None else kv.mod_revision, self._lease()
-            )
+            done, _ = self._swap(name, str(value).encode(), None if kv is None else kv.mod_revision)
             if done:
                 return value
 
@@ -169,13 +220,18 @@ class EtcdStore(dist.Store):  # type: ignore[misc,name-defined]
         kv, _ = self._etcd.get(name)
         expected = _bytes(expected_value)
         if (kv is None and expected == b"") or (kv is not None and kv.value == expected):
-            done, now = self._etcd.swap(
-                name, _bytes(desired_value), None if kv is None else kv.mod_revision, self._lease()
-            )
+            revision = None if kv is None else kv.mod_revision
+            done, now = self._swap(name, _bytes(desired_value), revision)
             if done or now is None:
                 return _bytes(desired_value) if done else expected
             return bytes(now.value)
         return expected if kv is None else kv.value
+
+    def _swap(self, name: str, value: bytes, expected: int | None) -> tuple[bool, Any]:
+        result: tuple[bool, Any] = self._keeper.write(
+            lambda lease: self._etcd.swap(name, value, expected, lease)
+        )
+        return result
 
     def delete_key(self, key: str) -> bool:
         return bool(self._etcd.delete(self._key(key)))
@@ -288,13 +344,9 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         raise RendezvousConnectionError(str(exc)) from None
     keeper = LeaseKeeper(etcd, LEASE_TTL_S)
     root = f"{KEY_ROOT}{params.run_id}/"
-    backend = EtcdBackend(
-        etcd, root + "state", lambda: keeper.lease, KeyWatch(etcd, root + "state")
-    )
+    backend = EtcdBackend(etcd, root + "state", keeper, KeyWatch(etcd, root + "state"))
     store_prefix = root + "store/"
-    store = EtcdStore(
-        etcd, store_prefix, lambda: keeper.lease, KeyWatch(etcd, store_prefix, prefix=True)
-    )
+    store = EtcdStore(etcd, store_prefix, keeper, KeyWatch(etcd, store_prefix, prefix=True))
     stock = dynamic.create_handler(store, backend, params)
     node = stock._this_node
     node_rank = params.get_as_int("node_rank")

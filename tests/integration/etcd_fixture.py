@@ -235,6 +235,16 @@ class RestartableEtcd:
         self.proc = _start(self._argv, self.folder)
         _wait_healthy(EtcdServer(self.endpoint, self.proc), self.folder / "etcd.log")
 
+    def wipe(self, down_s: float) -> None:
+        """Kill etcd, delete its data folder (every key and lease gone) and start it
+        again on the same port: a restore that lost the data, or a new etcd there."""
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder / "data")
+        time.sleep(down_s)  # the outage itself, not a wait for a condition
+        self.proc = _start(self._argv, self.folder)
+        _wait_healthy(EtcdServer(self.endpoint, self.proc), self.folder / "etcd.log")
+
     def stop(self) -> None:
         _stop(self.proc)
 

@@ -106,6 +106,7 @@ def test_an_etcd_restart_mid_training_is_waited_out(
     (result,) = _lines(out, "RESULT")
     assert result["digest"] == reference
     assert len(_lines(out, "START")) == 1, out  # the workers were never restarted
+    assert "etcd lost the rendezvous state" not in out, out  # its data was kept
     # Every outage an agent saw is one line when it began and one when it ended. A
     # node writes its heartbeat every 2 s: each sees a 10 s outage; a short one, maybe not.
     went = out.count(f"etcd at {etcd.endpoint} is unreachable")

@@ -18,7 +18,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 # session first: it names the missing extra when etcd3gw is not installed.
 from hpclaunch.rendezvous.etcd import session  # isort: skip
@@ -31,6 +32,8 @@ from hpclaunch.rendezvous.etcd.outage import EtcdUnavailable, Outage, unavailabl
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # Connecting reads this key: every rendezvous key is under /hpclaunch/.
 PROBE_KEY = "/hpclaunch/probe"
 _HINTS = {
@@ -39,6 +42,11 @@ _HINTS = {
     "(etcdctl role grant-permission ROLE --prefix=true readwrite /hpclaunch/)",
     "invalid auth token": "; log in again: check --etcd-user and the password",
 }
+
+
+class LeaseNotFound(EtcdError):
+    """etcd does not know the lease a write named: it expired, or etcd lost its data
+    (wiped, or a new etcd on the same address). A new lease makes the write good."""
 
 
 class KeyValue(NamedTuple):
@@ -113,6 +121,8 @@ class Etcd:
             detail = session.message(exc.detail_text or str(exc))
             if unavailable(detail):
                 raise EtcdUnavailable(f"etcd at {self.endpoint}: {detail}") from None
+            if "requested lease not found" in detail:
+                raise LeaseNotFound(f"etcd at {self.endpoint} refused {path}: {detail}") from None
             hint = next((h for k, h in _HINTS.items() if k in detail), "")
             raise EtcdError(f"etcd at {self.endpoint} refused {path}: {detail}{hint}") from None
         if not isinstance(result, dict):
@@ -304,6 +314,11 @@ class KeyWatch:
         out = self._etcd._post_once("/kv/range", body)  # _run retries, stream and all
         revision = int(out["header"]["revision"])
         with self._cond:
+            if revision < self._current:
+                # etcd's history went back: it lost its data and counts revisions
+                # from 1 again, so the old revisions say nothing of the new keys.
+                self._changed = {}
+                self._current = revision
             self._kvs = {
                 base64.b64decode(kv["key"]).decode(): KeyValue(
                     base64.b64decode(kv.get("value", "")), int(kv["mod_revision"])
@@ -377,16 +392,38 @@ class LeaseKeeper:
         self.lease = etcd.grant(ttl_s)
         self._etcd = etcd
         self._ttl_s = ttl_s
+        self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="etcd-lease", daemon=True)
         self._thread.start()
 
+    def replace(self, lost: int) -> int:
+        """A new lease for ``lost``, which etcd no longer knows (expired, or etcd lost
+        its data); the current one if another thread replaced it already."""
+        with self._lock:
+            if self.lease == lost:
+                self.lease = self._etcd.grant(self._ttl_s)
+                log.warning("etcd no longer knows this node's lease; took a new one")
+            return self.lease
+
+    def write(self, request: Callable[[int], T]) -> T:
+        """``request(lease)``, once more with a new lease if etcd lost the one it named."""
+        lease = self.lease
+        try:
+            return request(lease)
+        except LeaseNotFound:
+            return request(self.replace(lease))
+
     def _run(self) -> None:
         while not self._stopped.wait(self._ttl_s / 3):
+            lease = self.lease
             try:
-                if not self._etcd.keep_alive(self.lease):
-                    self.lease = self._etcd.grant(self._ttl_s)
-                    log.warning("etcd lease expired; took a new one")
+                try:
+                    alive = self._etcd.keep_alive(lease)
+                except LeaseNotFound:
+                    alive = False
+                if not alive:
+                    self.replace(lease)
             except EtcdError as exc:
                 log.warning("could not renew the etcd lease: %s", exc)
 

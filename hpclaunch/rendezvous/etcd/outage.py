@@ -145,3 +145,21 @@ def forgive_heartbeats(state: bytes, recovered_at: float) -> bytes:
     for node in stale:
         beats[node] = since
     return pickle.dumps(decoded)
+
+
+def history_restarted(revision: int, known: int) -> bool:
+    """Whether etcd's store revision went back (``revision`` read now, below ``known``,
+    the newest this node saw): etcd lost its data and counts from 1 again."""
+    return revision < known
+
+
+def rebuilt_line(state: bytes, *, wrote: bool) -> str:
+    """The line an agent logs when etcd lost the rendezvous state (torch's pickled
+    ``_RendezvousState``) and it was written back, by this node or another."""
+    decoded = pickle.loads(state)
+    who = "this node wrote back the state it held" if wrote else "another node wrote back its state"
+    return (
+        f"etcd lost the rendezvous state (its data wiped, or a new etcd at its address); "
+        f"{who}: round {decoded.round}, {len(decoded.participants)} nodes; "
+        "running workers go on"
+    )
