@@ -172,6 +172,31 @@ def test_the_heartbeat_is_rewritten_in_place_at_one_size(tmp_path: Path) -> None
     assert heartbeat.bound_s(second) == 20.0 and heartbeat.bound_s(b"12 3") is None
 
 
+def open_fds_on(target: Path) -> list[str]:
+    """This process's descriptors open on ``target`` (Linux: /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(target):
+                found.append(fd)
+        except OSError:
+            continue  # the descriptor listdir itself used, closed meanwhile
+    return found
+
+
+def test_each_beat_is_flushed_and_closed_so_other_nodes_see_it(tmp_path: Path) -> None:
+    # On NFS a write into a kept-open file stays in the writer's page cache for up to
+    # half a minute: the other nodes would see a still beat. Each beat is closed.
+    folder = JobFolder(tmp_path)
+    beat = heartbeat.Beat(folder, 0, 20.0)
+    for sequence in (1, 2, 3):
+        beat.beat()
+        assert open_fds_on(heartbeat.path(folder, 0)) == []
+        content = heartbeat.read(folder, 0)
+        assert content is not None and content.split()[1] == str(sequence).encode()
+    beat.close()
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
