@@ -8,16 +8,17 @@ stuck on a dead NFS mount, a deadlock) never holds the allocation until the time
   * srun stopped (state T) for the bound, or srun still running the bound after every
     agent of the run noted its end: srun is killed and the supervisor goes on with what
     the agents noted (all ended 0: the training finished);
-  * an agent that noted nothing for the bound while another agent's notes go on is
-    named in the batch log and status, once (its workers may still be training:
-    nothing is done); an agent whose workers ended (its attempts log's end) is waiting
-    for the others at torch's exit barrier, not silent. When no agent's notes go on
-    any more (the others ended, their workers ended, or they were silent for the bound
-    too), the step is ended (srun killed) and the job requeued without the silent
-    agent's node, as after a dead agent. Whether its workers finished cannot
-    be told from the batch host, so a finished training is never assumed: the next
-    run resumes from the latest checkpoint. When every agent falls silent at once, no
-    agent is singled out (a job folder that stopped taking notes looks the same): the
+  * an agent that noted progress before, then nothing for the bound while another
+    agent's notes go on, is named in the batch log and status, once (its workers may
+    still be training: nothing is done; one that never noted may have no workers). An
+    agent whose workers ended (its attempts log's end) is waiting for the others at
+    torch's exit barrier, not silent. When no agent's notes go on any more (the others
+    ended, their workers ended, or they were silent for the bound too), the step is
+    ended (srun killed) and the job requeued without the silent agent's node, as after
+    a dead agent. Whether its workers finished cannot be told from the batch host, so
+    a finished training is never assumed: the next run resumes from the latest
+    checkpoint. When every agent falls silent at once, no agent is singled out (a job
+    folder that stopped taking notes looks the same): the
     hang watch and the time limit still stand.
 
 - **The agents watch the supervisor**: it rewrites a heartbeat file from the same loop
@@ -145,7 +146,10 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     quiet = [n for n in running if now - since(n) >= bound]
     live = tuple(n for n in running if n not in quiet)
     if live:
-        fresh = tuple(n for n in quiet if n not in seen.flagged)
+        # Only an agent that noted progress before can be told to have stopped: one that
+        # never noted may have no workers (a --node-multiple spare standing by) or run a
+        # script that reports no progress on its ranks.
+        fresh = tuple(n for n in quiet if n not in seen.flagged and n in seen.changed)
         return Judgement(warn=fresh, live=live)
     # Nobody's notes go on. Single out agents that fell silent while others went on; or,
     # once others ended or rested, agents that noted progress before and nothing since

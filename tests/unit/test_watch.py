@@ -100,6 +100,17 @@ def test_an_agent_that_never_noted_is_not_taken_for_a_stopped_one() -> None:
     assert judge(view, 1000.0, BOUND).stall is None
 
 
+def test_an_agent_that_never_noted_is_neither_named_nor_singled_out_beside_one_that_did() -> None:
+    # n1 notes progress; n2 never notes (a spare standing by, or ranks that report no
+    # progress): it is not warned of while n1 goes on, nor singled out once n1 rests.
+    view = seen(nodes=("n1", "n2"), changed={"n1": 60.0})
+    judged = judge(view, 70.0, BOUND)
+    assert judged.warn == () and judged.stall is None and judged.live == ("n1",)
+    resting = seen(nodes=("n1", "n2"), changed={"n1": 95.0}, resting={"n1": 100.0})
+    for now in (101.0, 131.0, 1000.0):
+        assert judge(resting, now, BOUND).stall is None and judge(resting, now, BOUND).warn == ()
+
+
 def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent() -> None:
     view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0}, resting={"n2": 90.0})
     assert judge(view, 129.0, BOUND).stall is None
