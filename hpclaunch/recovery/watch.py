@@ -54,6 +54,10 @@ DEFAULT_BOUND_S = float(DEFAULT_WATCH_TIMEOUT_S)
 READ_S = 5.0  # between two reads of the run's notes by the supervisor
 BEAT_S = 1.0  # between two heartbeats of the supervisor
 LOOK_S = 0.5  # between two looks at the heartbeat by an agent
+# torch's agents wait this long for each other once their workers ended (the elastic
+# agent's exit_barrier_timeout, which hpclaunch leaves at torch's default): an agent
+# whose workers ended is waiting, not silent, for this long.
+EXIT_BARRIER_S = 300.0
 
 
 class StallKind(enum.Enum):
@@ -158,20 +162,29 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     silent = [n for n in quiet if n in seen.flagged]
     if not silent and rested:
         silent = [n for n in quiet if n in seen.changed]
-    if last_end is not None:
-        silent += [
-            n
-            for n in nodes
-            if n in seen.resting
-            and n not in seen.ended
-            and now - max(last_end, seen.resting[n]) >= bound
-        ]
+    # An agent whose workers ended waits at torch's exit barrier for the others, up to
+    # EXIT_BARRIER_S, even after they ended (a rank 0 that saved past the others'
+    # barrier): only past that and the bound is it stuck.
+    waited = EXIT_BARRIER_S + bound
+    stuck = [
+        n
+        for n in nodes
+        if n in seen.resting
+        and n not in seen.ended
+        and last_end is not None
+        and now - max(last_end, seen.resting[n]) >= waited
+    ]
+    silent += stuck
     if not silent:
         return Judgement()
     which = ", ".join(silent)
     message = (
         f"the agent on {which} noted no progress and no end for {bound:g} s or more "
         "while the others went on; the supervisor ended the step"
+        if len(stuck) < len(silent)
+        else f"the agent on {which} noted no end {waited:g} s after its workers and the "
+        f"others ended (torch's exit barrier waits {EXIT_BARRIER_S:g} s); the supervisor "
+        "ended the step"
     )
     others = {n: s for n, s in seen.statuses.items() if n not in silent}
     return Judgement(stall=Stall(StallKind.AGENT, message, tuple(silent), None, others))

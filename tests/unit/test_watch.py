@@ -15,6 +15,7 @@ from hpclaunch.jobdir import heartbeat
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.recovery import policy
 from hpclaunch.recovery.watch import (
+    EXIT_BARRIER_S,
     Seen,
     StallKind,
     finished_without_lost,
@@ -111,11 +112,44 @@ def test_an_agent_that_never_noted_is_neither_named_nor_singled_out_beside_one_t
         assert judge(resting, now, BOUND).stall is None and judge(resting, now, BOUND).warn == ()
 
 
-def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent() -> None:
+def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent_past_the_barrier() -> None:
     view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0}, resting={"n2": 90.0})
-    assert judge(view, 129.0, BOUND).stall is None
-    stall = judge(view, 130.0, BOUND).stall
+    assert judge(view, 100.0 + EXIT_BARRIER_S + BOUND - 1, BOUND).stall is None
+    stall = judge(view, 100.0 + EXIT_BARRIER_S + BOUND, BOUND).stall
     assert stall is not None and stall.nodes == ("n2",)
+    assert stall.message == (
+        "the agent on n2 noted no end 330 s after its workers and the others ended "
+        "(torch's exit barrier waits 300 s); the supervisor ended the step"
+    )
+
+
+def test_an_agent_at_the_exit_barrier_after_the_others_ended_is_waiting_not_silent() -> None:
+    # n1's rank 0 saved on past the others' exit barrier (300 s): n2 and n3 ended 0;
+    # then n1's workers ended and its agent waits at the barrier. It is not named at
+    # the bound: torch's barrier, not a stop, holds it.
+    view = seen(
+        changed={"n1": 400.0, "n2": 50.0, "n3": 50.0},
+        ended={"n2": 360.0, "n3": 360.0},
+        statuses={"n2": 0, "n3": 0},
+        resting={"n1": 410.0},
+    )
+    for now in (410.0 + BOUND, 410.0 + 2 * BOUND, 410.0 + EXIT_BARRIER_S):
+        assert judge(view, now, BOUND).stall is None
+
+
+def test_a_failed_peer_is_examined_before_an_agent_silent_at_its_barrier() -> None:
+    # --no-kill: n1 failed (exit 1) while n2 waited at the exit barrier and was named:
+    # n1's failure record decides, and n2 is not kept out.
+    from hpclaunch.jobdir.failures import Finding, Verdict
+
+    bad = Finding(Verdict.BAD_NODES, ("n1",), "RuntimeError: boom")
+    situation = policy.Situation(137, None, 0, None, 3, bad, silent=("n2",))
+    decision = policy.decide(situation)
+    assert decision.reason is policy.Reason.BAD_NODES and decision.exclude == ("n1",)
+    bug = policy.Situation(137, None, 0, None, 3, Finding(Verdict.BUG, message="x"), silent=("n2",))
+    assert policy.decide(bug).reason is policy.Reason.BUG
+    unknown = policy.Situation(137, None, 0, None, 3, Finding(Verdict.UNKNOWN), silent=("n2",))
+    assert policy.decide(unknown).reason is policy.Reason.AGENT_SILENT
 
 
 def test_agents_on_a_lost_node_leave_the_others_ends_standing() -> None:
