@@ -58,6 +58,11 @@ LOOK_S = 0.5  # between two looks at the heartbeat by an agent
 # agent's exit_barrier_timeout, which hpclaunch leaves at torch's default): an agent
 # whose workers ended is waiting, not silent, for this long.
 EXIT_BARRIER_S = 300.0
+# A gap between two ticks (or looks) this much longer than their interval is time the
+# watcher did not run: SLURM suspended the job (scontrol suspend, PreemptMode=SUSPEND,
+# gang scheduling), or the process was stopped and continued. The monotonic clock ran
+# on meanwhile, but nobody could note anything: that time is not silence.
+SUSPENDED_S = 2 * READ_S
 
 
 class StallKind(enum.Enum):
@@ -218,6 +223,7 @@ class StepWatch:
     _resting: dict[str, float] = field(default_factory=dict)
     _beat_failed: bool = False
     _broken: bool = False
+    _last_tick: float | None = None
 
     def beat(self) -> None:
         """Rewrite the heartbeat, at most every BEAT_S; a missed beat is logged once."""
@@ -260,6 +266,9 @@ class StepWatch:
         now = self.clock()
         if self._started is None:
             self._started = now
+        if self._last_tick is not None and now - self._last_tick > SUSPENDED_S:
+            self._shift(now - self._last_tick)
+        self._last_tick = now
         if procs.state(srun_pid) == "T":
             if self._srun_stopped is None:
                 self._srun_stopped = now
@@ -299,6 +308,22 @@ class StepWatch:
             )
         return judgement.stall
 
+    def _shift(self, gap: float) -> None:
+        """The supervisor did not run for ``gap`` seconds (see SUSPENDED_S): every time
+        the watch counts from moves on by it, as if the clock had stood still."""
+        log.info(
+            "supervisor: the watch did not run for %.0f s (the job suspended, or this "
+            "process stopped); that time is not counted as silence",
+            gap,
+        )
+        assert self._started is not None
+        self._started += gap
+        for times in (self._changed, self._ended, self._resting):
+            for node in times:
+                times[node] += gap
+        if self._srun_stopped is not None:
+            self._srun_stopped += gap
+
     def _note_silent(self, node: str, live: tuple[str, ...]) -> None:
         """For ``hpclaunch status``; the batch log's line says it either way."""
         note = silent_agents.SilentAgent(node, time.time(), self.bound, live)
@@ -307,10 +332,22 @@ class StepWatch:
         except OSError as exc:
             log.debug("supervisor: could not note the silent agent: %s", exc)
 
+    def _unnote_silent(self, node: str) -> None:
+        try:
+            silent_agents.remove(JobFolder(self.job_dir), self.requeue, node)
+        except OSError as exc:
+            log.debug("supervisor: could not remove the silent agent's note: %s", exc)
+
     def _read(self, now: float) -> None:
         run = read_run(self.job_dir, self.requeue)
         for note in run.notes:
             if self._notes.get(note.node) != note.time:
+                if note.node in self._flagged and note.node in self._notes:
+                    # Its notes go on again (it was stopped and continued, or its job
+                    # folder answered again): it is no longer taken for silent.
+                    self._flagged.discard(note.node)
+                    log.info("supervisor: the agent on %s notes progress again", note.node)
+                    self._unnote_silent(note.node)
                 self._notes[note.node] = note.time
                 self._changed[note.node] = now
         latest = {event.node: event.event for event in run.events}  # by attempt and time
@@ -339,9 +376,13 @@ def supervisor_silent(
     if first is None:
         return None
     bound = heartbeat.bound_s(first) or DEFAULT_BOUND_S
-    start = clock()
+    start = last = clock()
     while clock() - start < bound:
         sleep(LOOK_S)
         if heartbeat.read(folder, requeue) != first:
             return None
+        now = clock()
+        if now - last > SUSPENDED_S:  # the job was suspended: the supervisor too
+            start += now - last
+        last = now
     return clock() - start

@@ -354,3 +354,69 @@ def test_the_step_watch_reads_the_notes_names_the_silent_agent_and_ends_the_step
     stall = watch.tick(os.getpid())
     assert stall is not None and stall.nodes == ("n2",) and stall.kind is StallKind.AGENT
     watch.close()
+
+
+def test_a_suspended_job_is_not_taken_for_silent_agents_and_a_named_one_is_cleared(
+    tmp_path: Path,
+) -> None:
+    # SLURM suspends the job (scontrol suspend): the supervisor's monotonic clock runs
+    # on while nobody can note anything. That time is not silence.
+    from hpclaunch.jobdir import progress_notes, silent_agents
+    from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+    from hpclaunch.recovery.watch import StepWatch
+
+    folder, clock = JobFolder(tmp_path), Clock()
+
+    def note(node: str, at: float) -> None:
+        rank = RankProgress(0, int(at), 1.0, 1.0, 0.0)
+        progress_notes.write(folder, 0, NodeProgress(node, 0, at, (rank,)))
+
+    watch = StepWatch(tmp_path, 0, ("n1", "n2"), 20.0, clock)
+    for at in range(0, 12):
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 100.0 + at)
+            note("n2", 100.0 + at)
+        assert watch.tick(os.getpid()) is None
+    clock.now = 600.0  # resumed after ten minutes
+    assert watch.tick(os.getpid()) is None
+    note("n1", 1000.0)  # n1's agent notes first after the resume
+    for at in range(601, 615):
+        clock.now = float(at)
+        assert watch.tick(os.getpid()) is None
+    assert list(folder.agents(0).glob("silent-*")) == []  # n2 was not named
+    # n2 truly stops now: named after the bound while n1 goes on; then its notes go on
+    # again (it was continued): the name is taken back, and it is not singled out.
+    for at in range(615, 645):
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 1000.0 + at)
+        assert watch.tick(os.getpid()) is None
+    [named] = [silent_agents.parse(p.read_text()) for p in folder.agents(0).glob("silent-*")]
+    assert named.node == "n2"
+    note("n2", 2000.0)
+    for at in range(645, 660):
+        clock.now = float(at)
+        assert watch.tick(os.getpid()) is None
+    assert list(folder.agents(0).glob("silent-*")) == []
+    clock.now = 680.0  # n1 and n2 both quiet 20 s: nobody singled out
+    assert watch.tick(os.getpid()) is None
+    watch.close()
+
+
+def test_an_agent_does_not_count_a_suspension_as_the_supervisor_s_silence(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    beat = heartbeat.Beat(JobFolder(tmp_path), 0, 20.0)
+    beat.beat()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if 5.0 <= clock.now < 5.5:
+            clock.now += 600.0  # the job is suspended for ten minutes
+        elif clock.now >= 607.0 and beat.sequence == 1:
+            beat.beat()  # the supervisor's first beat after the resume
+
+    assert supervisor_silent(tmp_path, 0, clock, sleep) is None
+    beat.close()
