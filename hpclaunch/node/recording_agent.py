@@ -38,7 +38,7 @@ from torch.distributed.elastic.utils.api import macros
 from hpclaunch import procs, progress
 from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
 from hpclaunch.jobdir import unwritten
-from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE, early_exit
+from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE, early_exit, exited_early
 from hpclaunch.node import failfast, step_signals, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
@@ -109,8 +109,8 @@ class RecordingAgent(LocalElasticAgent):
         self._hung: dict[int, str] = {}  # rank -> message, in an attempt the watch stopped
         self._hung_first = 0  # attempts whose hang began on this node
         self._blamed = False  # the latest hang began on this node
-        # global rank -> message, of the ranks of this attempt that exited 0 while
-        # another of the node's ranks had not (torch waits for the rest of the group
+        # global rank -> message, of the ranks of this attempt that had exited 0 when
+        # another of the node's ranks failed (torch waits for the rest of the group
         # and reports only the peers that failed without them).
         self._early: dict[int, str] = {}
         self._ranks: dict[int, int] = {}  # local rank -> global rank, this attempt
@@ -130,6 +130,8 @@ class RecordingAgent(LocalElasticAgent):
             self._count_hang()
         if self._hangs is not None and result.state is not WorkerState.HEALTHY:
             self._hangs.ended()  # the group's last progress
+        if result.is_failed():
+            self._note_early_exits()  # the failure torch saw may have come since the last look
         if result.is_failed() and self._on_failure is not None:
             try:
                 known = {**self._early, **self._hung}
@@ -156,14 +158,10 @@ class RecordingAgent(LocalElasticAgent):
         return result
 
     def _note_early_exits(self) -> None:
-        """Note each rank that exited 0 while another rank of the node had not ended
-        cleanly, with the step its progress shows; not one that did every step its
-        script announced (progress.report(total=...)): that one finished."""
-        ended = self._exit_codes()
-        clean = [local for local, code in ended.items() if code == 0]
-        if not clean or len(clean) == len(self._ranks):
-            return  # none, or the whole group ended cleanly (done)
-        for local in clean:
+        """Once a rank of the node failed, note each rank that had exited 0
+        (failures.exited_early), with the step its progress shows; not one that did every
+        step its script announced (progress.report(total=...)): that one finished."""
+        for local in exited_early(self._exit_codes()):
             rank = self._ranks.get(local, local)
             if rank in self._early:
                 continue
