@@ -195,6 +195,19 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     return Judgement(stall=Stall(StallKind.AGENT, message, tuple(silent), None, others))
 
 
+# Beyond SLURM's window, what the supervisor may spend deciding after the step: a test
+# write into each shared folder (hpclaunch.recovery.verdicts, 30 s each), SLURM's node
+# states for a silent agent, the history's lock.
+DECIDING_EXTRA_S = 120.0
+
+
+def deciding_s(bound: float, signal_lead_s: float, patience_s: float) -> float:
+    """The bound the supervisor's beat names while it decides after the step: the
+    watch's bound, plus the longest window it tries SLURM's controller for (after a
+    signal: its lead; else its patience), plus DECIDING_EXTRA_S. Pure."""
+    return bound + max(signal_lead_s, patience_s) + DECIDING_EXTRA_S
+
+
 def _srun_stuck(what: str) -> str:
     return f"srun (the job step, on the batch host) {what}; the supervisor killed it"
 
@@ -210,6 +223,9 @@ class StepWatch:
     nodes: tuple[str, ...]
     bound: float
     clock: Callable[[], float] = time.monotonic
+    # The bound the last beat names while the supervisor decides after the step (see
+    # ``deciding``); None: the watch's bound.
+    deciding_s: float | None = None
     _beat: heartbeat.Beat | None = None
     _next_beat: float = 0.0
     _next_read: float = 0.0
@@ -243,6 +259,25 @@ class StepWatch:
                     exc,
                 )
             self._beat_failed = True
+
+    def deciding(self) -> None:
+        """The step ended and the supervisor decides what follows (the failure records,
+        SLURM's controller, its patience: minutes, without a loop that beats). One beat
+        that names ``deciding_s``: an agent that outlived srun waits that long for the
+        beat to move before its deputy acts, not the watch's bound (both would act)."""
+        if self.deciding_s is None:
+            return
+        if self._beat is None:
+            self._beat = heartbeat.Beat(JobFolder(self.job_dir), self.requeue, self.bound)
+        self._beat.bound_s = self.deciding_s
+        self._next_beat = 0.0
+        self.beat()
+
+    def decided(self) -> None:
+        """The supervisor has acted: one last beat, which the agents that wait see move."""
+        self._next_beat = 0.0
+        self.beat()
+        self.close()
 
     def close(self) -> None:
         if self._beat is not None:

@@ -420,3 +420,35 @@ def test_an_agent_does_not_count_a_suspension_as_the_supervisor_s_silence(
 
     assert supervisor_silent(tmp_path, 0, clock, sleep) is None
     beat.close()
+
+
+def test_agents_that_outlive_srun_wait_for_a_deciding_supervisor_not_the_bound(
+    tmp_path: Path,
+) -> None:
+    # After a stall's kill an agent can outlive srun; the supervisor then decides (SLURM
+    # patience, the failure records) without its wait loop. Its last beat names a
+    # longer bound, and the agent waits for the beat that says it has acted.
+    from hpclaunch.recovery.watch import StepWatch, deciding_s
+
+    clock = Clock()
+    longer = deciding_s(20.0, 90.0, 300.0)
+    assert longer == 20.0 + 300.0 + 120.0
+    watch = StepWatch(tmp_path, 0, ("n1",), 20.0, clock, deciding_s=longer)
+    watch.beat()
+    watch.deciding()
+    assert heartbeat.bound_s(heartbeat.read(JobFolder(tmp_path), 0) or b"") == longer
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 200.0 and not decided:
+            decided.append(True)
+            watch.decided()  # after_step returned, 200 s on: well past the watch's 20 s
+
+    decided: list[bool] = []
+    assert supervisor_silent(tmp_path, 0, clock, sleep) is None
+    assert 200.0 <= clock.now < 201.0
+    # A supervisor that never decides is silent after the longer bound.
+    still = Clock()
+    watch.deciding()
+    waited = supervisor_silent(tmp_path, 0, still, still.sleep)
+    assert waited is not None and longer <= waited < longer + 1
