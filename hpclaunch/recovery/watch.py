@@ -3,7 +3,7 @@ stuck on a dead NFS mount, a deadlock) never holds the allocation until the time
 
 - **The supervisor watches srun** (same host: ``/proc/PID/stat``) and **the agents**
   (their progress notes, every ``NOTE_S`` = 10 s while workers train, and their end
-  notes, through the job record), from the loop that waits for the step:
+  notes, hpclaunch.jobdir.follow), from the loop that waits for the step:
 
   * srun stopped (state T) for the bound, or srun still running the bound after every
     agent of the run noted its end: srun is killed and the supervisor goes on with what
@@ -43,9 +43,8 @@ from pathlib import Path
 
 from hpclaunch import procs
 from hpclaunch.contract.supervisor import DEFAULT_WATCH_TIMEOUT_S
-from hpclaunch.jobdir import attempts, heartbeat, silent_agents
+from hpclaunch.jobdir import attempts, follow, heartbeat, silent_agents
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.record.job_record import read_run
 from hpclaunch.slurm.commands import NodeState
 
 log = logging.getLogger("hpclaunch.recovery.supervisor")  # the supervisor's lines
@@ -240,6 +239,7 @@ class StepWatch:
     _beat_failed: bool = False
     _broken: bool = False
     _last_tick: float | None = None
+    _follower: follow.Follower | None = None
 
     def beat(self) -> None:
         """Rewrite the heartbeat, at most every BEAT_S; a missed beat is logged once."""
@@ -374,8 +374,10 @@ class StepWatch:
             log.debug("supervisor: could not remove the silent agent's note: %s", exc)
 
     def _read(self, now: float) -> None:
-        run = read_run(self.job_dir, self.requeue)
-        for note in run.notes:
+        if self._follower is None:
+            self._follower = follow.Follower(JobFolder(self.job_dir), self.requeue)
+        run = self._follower.read()
+        for note in run.progress:
             if self._notes.get(note.node) != note.time:
                 if note.node in self._flagged and note.node in self._notes:
                     # Its notes go on again (it was stopped and continued, or its job
@@ -385,9 +387,8 @@ class StepWatch:
                     self._unnote_silent(note.node)
                 self._notes[note.node] = note.time
                 self._changed[note.node] = now
-        latest = {event.node: event.event for event in run.events}  # by attempt and time
-        for node, event in latest.items():
-            if event in (attempts.END, attempts.STOP):
+        for node, latest in run.latest.items():  # by attempt and time
+            if latest.event in (attempts.END, attempts.STOP):
                 self._resting.setdefault(node, now)
             else:
                 self._resting.pop(node, None)

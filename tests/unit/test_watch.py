@@ -452,3 +452,34 @@ def test_agents_that_outlive_srun_wait_for_a_deciding_supervisor_not_the_bound(
     watch.deciding()
     waited = supervisor_silent(tmp_path, 0, still, still.sleep)
     assert waited is not None and longer <= waited < longer + 1
+
+
+def test_the_watch_follows_the_attempts_logs_from_where_it_stopped(tmp_path: Path) -> None:
+    # The logs grow all the job long: each read takes only what was appended since.
+    from hpclaunch.jobdir import agent_ends, attempts
+    from hpclaunch.jobdir.agent_ends import AgentEnd
+    from hpclaunch.jobdir.follow import Follower
+
+    folder = JobFolder(tmp_path)
+    for second in range(200):
+        attempts.append(folder, 0, attempts.AttemptEvent("n1", 0, attempts.STEP, float(second)))
+    attempts.append(folder, 0, attempts.AttemptEvent("n2", 0, attempts.BEGIN, 5.0))
+    follower = Follower(folder, 0)
+    first = follower.read()
+    assert {n: e.event for n, e in first.latest.items()} == {"n1": "step", "n2": "begin"}
+    assert first.latest["n1"].time == 199.0 and first.ends == ()
+    before = follower.bytes_read
+    end = attempts.AttemptEvent("n1", 0, attempts.END, 300.0)
+    attempts.append(folder, 0, end)
+    log = attempts.path(folder, 0, "n1")
+    with open(log, "ab") as torn:  # a line still being written is left for later
+        torn.write(b'{"attempt": 1, "event": "be')
+    agent_ends.write(folder, 0, AgentEnd("n1", 0))
+    second = follower.read()
+    assert second.latest["n1"] == end and second.latest["n2"].event == "begin"
+    assert second.ends == (AgentEnd("n1", 0),)
+    taken = len(json.dumps(end.__dict__, sort_keys=True)) + 1
+    assert follower.bytes_read - before == taken + len(b'{"attempt": 1, "event": "be')
+    with open(log, "ab") as torn:
+        torn.write(b'gin", "node": "n1", "time": 310.0}\n')
+    assert follower.read().latest["n1"].event == "begin"
