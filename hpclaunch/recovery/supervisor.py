@@ -125,7 +125,7 @@ class Supervisor:
         self.requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
         self.history: History | None = None
         if job_dir is not None:
-            self.history = History.load(job_dir, self.job_id, max_requeues)
+            self.history = history_store.load_or_set_aside(job_dir, self.job_id, max_requeues)
         self.run = self.history.start(env, self.requeue_count) if self.history else None
         self.finding: failures.Finding | None = None
         self.verdict: str | None = None  # the message for a person, when no node is to blame
