@@ -4,8 +4,8 @@ to decide how the job ends: training that finished is finished whether or not it
 history could say so. One exception: when the agents' end notes could not be written
 and a stop signal came, the supervisor cannot tell a finished training from a stopped
 one and takes it as stopped (hpclaunch.recovery.stops: after the time-limit warning,
-a requeue that finds nothing left to do). Pure, but for ``Unwritten``, which remembers
-what was said. No torch.
+a requeue, which resumes from the latest checkpoint). Pure, but for ``Unwritten``,
+which remembers what was said. No torch.
 """
 
 from __future__ import annotations
