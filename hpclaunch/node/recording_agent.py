@@ -413,14 +413,18 @@ class RecordingAgent(LocalElasticAgent):
         if round_joined is None:
             self.attempt = restart_count
         else:
-            self.attempt = next_attempt(int(round_joined), self._started)
+            # An agent whose workers never ran (its first start, or a spare's) has no
+            # attempt of its own to number on from: the run's logs say (next_attempt).
+            first = self._hangs is not None and self._started is None
+            logged = self._hangs.highest_attempt() if first and self._hangs else None
+            self.attempt = next_attempt(int(round_joined), self._started, logged)
             if self.attempt != int(round_joined):
                 log.warning(
                     "the rendezvous round went back to %s after attempt %s (its state was "
                     "lost: an etcd that came back empty?); these workers run as attempt %d, "
                     "so that no attempt's rank logs or records are overwritten",
                     round_joined,
-                    self._started,
+                    self._started if self._started is not None else logged,
                     self.attempt,
                 )
         self._started = self.attempt
@@ -530,14 +534,19 @@ class RecordingAgent(LocalElasticAgent):
             signal.signal(sig, _raise_signal)
 
 
-def next_attempt(joined: int, last: int | None) -> int:
+def next_attempt(joined: int, last: int | None, logged: int | None = None) -> int:
     """The attempt workers that joined rendezvous round ``joined`` run in: that round,
     but never at or below ``last``, the attempt this agent's workers last ran in. Rounds
     only grow while the rendezvous state lives; one that was lost (an etcd that came
     back wiped) counts from 0 again, and the new attempt's rank logs and failure records
     would overwrite the first ones. Every agent that ran the same attempts takes the
-    same number. Pure."""
-    return joined if last is None or joined > last else last + 1
+    same number. An agent whose workers never ran (a spare joining after the loss) has
+    no ``last``: it goes by ``logged``, the highest attempt in the run's attempts logs,
+    when the round is below it: one past it. (Where the others began theirs first it is
+    one past theirs: a number of its own, never one already used.) Pure."""
+    if last is None:
+        return logged + 1 if logged is not None and joined < logged else joined
+    return joined if joined > last else last + 1
 
 
 # The stop signal this agent got, if any (a worker group that then exits 0 was stopped).
