@@ -17,6 +17,7 @@ lost writes no ``end``; a survivor that SLURM kills first, only its ``stop``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -83,3 +84,20 @@ def parse(lines: Iterable[str]) -> list[AttemptEvent]:
         if event.event in EVENTS:
             out.append(event)
     return out
+
+
+def highest(job: JobFolder, requeue: int) -> int | None:
+    """The highest attempt any node's attempts log of run ``requeue`` names; None when
+    none does (or none can be read now)."""
+    found: list[int] = []
+    try:
+        logs = [entry for entry in os.scandir(job.progress(requeue)) if is_log(entry.name)]
+    except OSError:
+        return None
+    for entry in logs:
+        try:
+            with open(entry.path, encoding="utf-8", errors="replace") as log:
+                found += [event.attempt for event in parse(log)]
+        except OSError:
+            continue
+    return max(found, default=None)

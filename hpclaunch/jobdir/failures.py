@@ -59,6 +59,18 @@ def early_exit(step: int | None) -> str:
     return f"{EXITED_EARLY}{at} while the others trained on"
 
 
+def exited_early(ended: Mapping[int, int]) -> tuple[int, ...]:
+    """The local ranks of a node to name as exited early, from the exit codes of its
+    workers that ended (local rank -> code): those that exited 0, once another rank of
+    the node failed. Ranks that exit 0 while others still run are not early yet: at a
+    training's end they finish milliseconds apart, and a rank 0 saves alone after the
+    others. A node whose ranks all exit 0 is not named either (it finished, as far as
+    it can tell: with one rank per node an early exit is not told apart). Pure."""
+    if not any(code != 0 for code in ended.values()):
+        return ()
+    return tuple(sorted(local for local, code in ended.items() if code == 0))
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
     rank: int
@@ -279,8 +291,10 @@ def classify(
                 hung.setdefault(record.node, {}).setdefault(record.attempt, worker.message)
             else:
                 erred.setdefault(record.node, []).append(worker.message)
-    if early and not erred:
+    if early and not erred and not hung:
         # The others failed because it left: naming them (or their nodes) would be wrong.
+        # A hung rank is an error of its own (a rank 0 stuck in a save of its own after
+        # the others exited 0 rightly): the hang, not the clean exits, is what happened.
         return Finding(Verdict.EARLY_EXIT, message=early[0])
     again = {
         node: list(began.values())

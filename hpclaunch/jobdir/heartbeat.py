@@ -7,12 +7,16 @@ supervisor that stopped answering (hpclaunch.recovery.watch). No torch.
 BOUND is the seconds after which the agents may take the beat for stopped (the job's
 ``--watch-timeout``): the supervisor says it, so the agents need no setting of their own.
 
-It is rewritten in place (one pwrite at offset 0, never renamed): on NFS, close-to-open
-consistency makes every open() see the latest content, while a file's mtime or a
-renamed file's name can be cached for a minute on the other nodes; and a file that
-keeps its size needs no new blocks, so a full job folder does not stop the beat.
-Readers compare the content they see over time, on their own clock: the nodes' clocks
-need not agree.
+It is rewritten in place (one pwrite at offset 0, never renamed), and each beat is
+written through: opened, written, fsynced and closed. On NFS a write stays in the
+writer's page cache until it is flushed (close and fsync flush it; writeback would
+take up to half a minute), and close-to-open consistency makes every open() on
+another node see the latest flushed content, while a file's mtime or a renamed file's
+name can be cached for a minute there. So readers open the file afresh for each look
+and compare its content (never its mtime) over time, on their own clock: the nodes'
+clocks need not agree. A file that keeps its size needs no new blocks, so on most
+filesystems a full job folder does not stop the beat (on a copy-on-write one, such as
+ZFS or btrfs, it can: the agents then take the supervisor for silent).
 """
 
 from __future__ import annotations
@@ -52,24 +56,34 @@ class Beat:
         self.path = path(folder, requeue)
         self.bound_s = bound_s
         self.sequence = 0
-        self._fd: int | None = None
 
     def beat(self) -> None:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        """One beat, flushed to the file's server before it returns: a kept-open,
+        unflushed file would show the other nodes a still beat for as long as the page
+        cache holds the write."""
         self.sequence += 1
-        os.pwrite(self._fd, encode(os.getpid(), self.sequence, self.bound_s), 0)
+        self.write(encode(os.getpid(), self.sequence, self.bound_s))
+
+    def write(self, content: bytes) -> None:
+        """Write ``content`` (one beat's, ``_WIDTH`` bytes) in place and flush it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            written = os.pwrite(fd, content, 0)
+            if written != len(content):
+                raise OSError(f"short write to {self.path}: {written} of {len(content)} bytes")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Nothing is kept open between beats; kept for the callers' symmetry."""
 
 
 def read(folder: JobFolder, requeue: int) -> bytes | None:
-    """The beat's content now; None when there is no beat file (a supervisor without
-    a job folder, or one of a version that does not beat). Raises OSError."""
+    """The beat's content now, from a fresh open (close-to-open: the latest flushed
+    beat, not a cached one); None when there is no beat file (a supervisor without a
+    job folder, or one of a version that does not beat). Raises OSError."""
     try:
         with open(path(folder, requeue), "rb") as beat:
             return beat.read()

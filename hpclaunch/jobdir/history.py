@@ -59,6 +59,7 @@ class Reason(enum.Enum):
     SUPERVISOR_SILENT = "supervisor silent"
 
 
+TORN_RETRY_S = 0.2  # before a history that did not parse is read once more
 _NODE_FAULTS = (Reason.BAD_NODES.value, Reason.AGENT_DIED.value, Reason.AGENT_SILENT.value)
 
 
@@ -137,16 +138,27 @@ class History:
         """The history in ``job_dir``, or an empty one; ``max_requeues`` replaces the
         recorded budget (None keeps it). Raises HistoryError."""
         path = JobFolder(job_dir).history
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return cls(job_id, max_requeues or 0)
-        except ValueError as exc:  # not JSON
-            raise unreadable(path, f"{type(exc).__name__}: {exc}") from None
-        try:
-            return cls.from_json(data, job_id, max_requeues)
-        except ValueError as exc:
-            raise unreadable(path, str(exc)) from None
+        why = ""
+        for attempt in range(2):
+            if attempt:
+                # A supervisor may be rewriting it in place this moment (a full job
+                # folder: hpclaunch.jobdir.history_store.write), under a lock readers do
+                # not take: a torn read is read again once.
+                time.sleep(TORN_RETRY_S)
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                return cls(job_id, max_requeues or 0)
+            try:
+                data = json.loads(text)
+            except ValueError as exc:  # not JSON
+                why = f"{type(exc).__name__}: {exc}"
+                continue
+            try:
+                return cls.from_json(data, job_id, max_requeues)
+            except ValueError as exc:
+                why = str(exc)
+        raise unreadable(path, why)
 
     @classmethod
     def from_json(
@@ -191,12 +203,18 @@ class History:
 
 
 class HistoryError(HpclaunchError):
-    """history.json exists but cannot be read; the message names it and the fix."""
+    """history.json exists but cannot be read; the message names it and the fix;
+    ``why`` says what is wrong with it."""
+
+    def __init__(self, message: str, why: str = "") -> None:
+        super().__init__(message)
+        self.why = why
 
 
 def unreadable(path: Path, why: str) -> HistoryError:
     return HistoryError(
-        f"{path} is not a history hpclaunch wrote ({why}); move it aside and requeue the job"
+        f"{path} is not a history hpclaunch wrote ({why}); move it aside and requeue the job",
+        why,
     )
 
 

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.jobdir.atomic import write_bytes_atomic
-from hpclaunch.jobdir.history import Action, History, Reason, Run, unreadable
+from hpclaunch.jobdir.history import (
+    TORN_RETRY_S,
+    Action,
+    History,
+    HistoryError,
+    Reason,
+    Run,
+    unreadable,
+)
 from hpclaunch.jobdir.layout import JobFolder
 
 log = logging.getLogger(__name__)
@@ -175,7 +183,12 @@ def _overwrite(path: Path, text: bytes) -> bool:
         data = padded(text, os.fstat(fd).st_size)
         if data is None:
             return False
-        os.pwrite(fd, data, 0)
+        done = 0
+        while done < len(data):  # a short write (a full filesystem) is written on
+            written = os.pwrite(fd, data[done:], done)
+            if written <= 0:
+                return False
+            done += written
         os.fsync(fd)
     except OSError:
         return False
@@ -185,16 +198,48 @@ def _overwrite(path: Path, text: bytes) -> bool:
 
 
 def read(path: Path) -> Json | None:
-    """The JSON in ``path``, or None when there is none. Raises HistoryError."""
+    """The JSON in ``path``, or None when there is none; a file that does not parse is
+    read once more after TORN_RETRY_S (an in-place rewrite in flight). Raises
+    HistoryError."""
+    for attempt in range(2):
+        if attempt:
+            time.sleep(TORN_RETRY_S)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            raise unreadable(path, "no list of runs")
+        return data
+    raise unreadable(path, why)
+
+
+def load_or_set_aside(job_dir: Path, job_id: int, max_requeues: int) -> History:
+    """The job's history; when the file on disk cannot be read (torn by a crash in an
+    in-place rewrite, or not ours), a new one, with the old file moved aside and a line
+    saying so: a history is bookkeeping, and never stops a run from stepping."""
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError as exc:
-        raise unreadable(path, f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-        raise unreadable(path, "no list of runs")
-    return data
+        return History.load(job_dir, job_id, max_requeues)
+    except HistoryError as exc:
+        path = JobFolder(job_dir).history
+        aside = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+        try:
+            os.rename(path, aside)
+            kept = f"the old file is kept as {aside}"
+        except OSError as err:
+            kept = f"the old file could not be moved aside ({err.strerror or err})"
+        log.error(
+            "supervisor: history: %s could not be read (%s); this run starts a new "
+            "history (%s): the earlier runs are not in it, nor the nodes and failure "
+            "requeues they counted",
+            path,
+            exc.why or exc,
+            kept,
+        )
+        return History(job_id, max_requeues)
 
 
 def moved_on(job_dir: Path, run: Run) -> Mapping[str, Any] | None:

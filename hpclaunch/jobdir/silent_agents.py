@@ -32,6 +32,11 @@ def write(folder: JobFolder, requeue: int, note: SilentAgent) -> None:
     write_bytes_atomic(path, json.dumps(asdict(note)).encode() + b"\n")
 
 
+def remove(folder: JobFolder, requeue: int, node: str) -> None:
+    """Take back the note of ``node`` (its notes went on again). Raises OSError."""
+    (folder.agents(requeue) / f"{PREFIX}{node}{SUFFIX}").unlink(missing_ok=True)
+
+
 def is_note(name: str) -> bool:
     """Whether ``name`` (in ``agents/requeue-Q/``) is a silent agent's note."""
     return name.startswith(PREFIX) and name.endswith(SUFFIX)

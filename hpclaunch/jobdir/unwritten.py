@@ -1,7 +1,11 @@
 """A bookkeeping write into the job folder that failed (the history, a note, a record):
-one line naming the file, the error and the fix, said once. Such a write never decides
-how the job ends: training that finished is finished whether or not its history could
-say so. Pure, but for ``Unwritten``, which remembers what was said. No torch.
+one line naming the file, the error and the fix, said once. Such a write is not meant
+to decide how the job ends: training that finished is finished whether or not its
+history could say so. One exception: when the agents' end notes could not be written
+and a stop signal came, the supervisor cannot tell a finished training from a stopped
+one and takes it as stopped (hpclaunch.recovery.stops: after the time-limit warning,
+a requeue, which resumes from the latest checkpoint). Pure, but for ``Unwritten``,
+which remembers what was said. No torch.
 """
 
 from __future__ import annotations

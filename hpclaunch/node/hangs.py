@@ -368,6 +368,10 @@ class Watch:
     def folder(self, attempt: int) -> Path:
         return self._local / "progress" / f"attempt-{attempt}"
 
+    def highest_attempt(self) -> int | None:
+        """The highest attempt this run's attempts logs name, any node's."""
+        return attempts.highest(self._job, self.requeue)
+
     def worker_env(self, attempt: int, local_rank: int) -> dict[str, str]:
         """The progress and stack files of one worker of ``attempt``, and the boot that
         installs the reporting in a fresh python (hpclaunch.node.boot_env)."""

@@ -38,7 +38,7 @@ from torch.distributed.elastic.utils.api import macros
 from hpclaunch import procs, progress
 from hpclaunch.contract.worker_env import lightning_size, slurm_task_view
 from hpclaunch.jobdir import unwritten
-from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE, early_exit
+from hpclaunch.jobdir.failures import HANGS_TO_BAD_NODE, early_exit, exited_early
 from hpclaunch.node import failfast, step_signals, stop_notes
 from hpclaunch.node.hangs import DEFER_S, Watch
 from hpclaunch.node.pidfds import Pidfds
@@ -109,8 +109,8 @@ class RecordingAgent(LocalElasticAgent):
         self._hung: dict[int, str] = {}  # rank -> message, in an attempt the watch stopped
         self._hung_first = 0  # attempts whose hang began on this node
         self._blamed = False  # the latest hang began on this node
-        # global rank -> message, of the ranks of this attempt that exited 0 while
-        # another of the node's ranks had not (torch waits for the rest of the group
+        # global rank -> message, of the ranks of this attempt that had exited 0 when
+        # another of the node's ranks failed (torch waits for the rest of the group
         # and reports only the peers that failed without them).
         self._early: dict[int, str] = {}
         self._ranks: dict[int, int] = {}  # local rank -> global rank, this attempt
@@ -130,6 +130,8 @@ class RecordingAgent(LocalElasticAgent):
             self._count_hang()
         if self._hangs is not None and result.state is not WorkerState.HEALTHY:
             self._hangs.ended()  # the group's last progress
+        if result.is_failed():
+            self._note_early_exits()  # the failure torch saw may have come since the last look
         if result.is_failed() and self._on_failure is not None:
             try:
                 known = {**self._early, **self._hung}
@@ -156,14 +158,10 @@ class RecordingAgent(LocalElasticAgent):
         return result
 
     def _note_early_exits(self) -> None:
-        """Note each rank that exited 0 while another rank of the node had not ended
-        cleanly, with the step its progress shows; not one that did every step its
-        script announced (progress.report(total=...)): that one finished."""
-        ended = self._exit_codes()
-        clean = [local for local, code in ended.items() if code == 0]
-        if not clean or len(clean) == len(self._ranks):
-            return  # none, or the whole group ended cleanly (done)
-        for local in clean:
+        """Once a rank of the node failed, note each rank that had exited 0
+        (failures.exited_early), with the step its progress shows; not one that did every
+        step its script announced (progress.report(total=...)): that one finished."""
+        for local in exited_early(self._exit_codes()):
             rank = self._ranks.get(local, local)
             if rank in self._early:
                 continue
@@ -415,14 +413,18 @@ class RecordingAgent(LocalElasticAgent):
         if round_joined is None:
             self.attempt = restart_count
         else:
-            self.attempt = next_attempt(int(round_joined), self._started)
+            # An agent whose workers never ran (its first start, or a spare's) has no
+            # attempt of its own to number on from: the run's logs say (next_attempt).
+            first = self._hangs is not None and self._started is None
+            logged = self._hangs.highest_attempt() if first and self._hangs else None
+            self.attempt = next_attempt(int(round_joined), self._started, logged)
             if self.attempt != int(round_joined):
                 log.warning(
                     "the rendezvous round went back to %s after attempt %s (its state was "
                     "lost: an etcd that came back empty?); these workers run as attempt %d, "
                     "so that no attempt's rank logs or records are overwritten",
                     round_joined,
-                    self._started,
+                    self._started if self._started is not None else logged,
                     self.attempt,
                 )
         self._started = self.attempt
@@ -532,14 +534,19 @@ class RecordingAgent(LocalElasticAgent):
             signal.signal(sig, _raise_signal)
 
 
-def next_attempt(joined: int, last: int | None) -> int:
+def next_attempt(joined: int, last: int | None, logged: int | None = None) -> int:
     """The attempt workers that joined rendezvous round ``joined`` run in: that round,
     but never at or below ``last``, the attempt this agent's workers last ran in. Rounds
     only grow while the rendezvous state lives; one that was lost (an etcd that came
     back wiped) counts from 0 again, and the new attempt's rank logs and failure records
     would overwrite the first ones. Every agent that ran the same attempts takes the
-    same number. Pure."""
-    return joined if last is None or joined > last else last + 1
+    same number. An agent whose workers never ran (a spare joining after the loss) has
+    no ``last``: it goes by ``logged``, the highest attempt in the run's attempts logs,
+    when the round is below it: one past it. (Where the others began theirs first it is
+    one past theirs: a number of its own, never one already used.) Pure."""
+    if last is None:
+        return logged + 1 if logged is not None and joined < logged else joined
+    return joined if joined > last else last + 1
 
 
 # The stop signal this agent got, if any (a worker group that then exits 0 was stopped).

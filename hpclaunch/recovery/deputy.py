@@ -125,10 +125,31 @@ def claim(folder: JobFolder, requeue: int, node: str, lost: str, why: str = "los
     try:
         os.link(mine, path)
     except FileExistsError:
+        if linked_by_us(mine, path, note):
+            return None
         return taken_by(folder.root, requeue) or "another node"
     finally:
         mine.unlink(missing_ok=True)
     return None
+
+
+def linked_by_us(mine: Path, path: Path, note: Mapping[str, object]) -> bool:
+    """Whether the link that said EEXIST was this agent's own: on NFSv3 a LINK whose
+    reply was lost is sent again, and the server answers the retry EEXIST to the very
+    client that made the link (its duplicate-request cache may have dropped the first
+    reply): the note then has a second name (``mine``'s link count is 2), and the note
+    in place is this agent's. Without this, no agent would act."""
+    try:
+        if os.stat(mine).st_nlink >= 2:
+            return True
+        there = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(there, dict) and (there.get("node"), there.get("pid"), there.get("at")) == (
+        note["node"],
+        note["pid"],
+        note["at"],
+    )
 
 
 def taken_by(job_dir: Path, requeue: int) -> str | None:

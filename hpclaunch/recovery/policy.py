@@ -103,7 +103,10 @@ def decide(s: Situation) -> Decision:
         return Decision(Action.REQUEUE, Reason.STEPS_STOPPED, 0)
     if stopped:
         return Decision(Action.NONE, Reason.CANCELLED, s.status)
-    if s.silent:  # no record can say whether its workers finished: a node fault
+    recorded = s.finding is not None and s.finding.verdict is not Verdict.UNKNOWN
+    # A failure record says more than a silence: an agent waiting at torch's exit
+    # barrier for a peer that failed is silent only because that peer failed.
+    if s.silent and not recorded:  # no record can say whether its workers finished
         return _node_fault(s, Reason.AGENT_SILENT, s.silent)
     if s.srun_stuck:  # the agents had not all ended: srun's kill ended them
         return _node_fault(s, Reason.SRUN_STUCK, ())

@@ -97,7 +97,8 @@ def run_step(
     handler, while the step is still ending. With ``noise_log``, torch's known-harmless
     lines go there and are summarised once at the end (hpclaunch.recovery.noise).
     With ``watch``, the supervisor beats and watches srun and the agents while it
-    waits (hpclaunch.recovery.watch): a stalled step has srun killed and says why.
+    waits (hpclaunch.recovery.watch): a stalled step has srun killed and says why;
+    after the step, its beat says the supervisor decides (``StepWatch.deciding``).
     Raises StepNotFound."""
     if watch is not None:
         watch.beat()  # before the agents can look for it
@@ -116,7 +117,7 @@ def run_step(
         returncode = _wait(child, forwarder.received, grace_s, on_signal, watch, stall)
     finally:
         if watch is not None:
-            watch.close()
+            watch.deciding()  # the caller beats once more when it has decided
     log.info("supervisor: step ended with status %d", exit_status(returncode))
     died = tee.deaths() if tee is not None else ()
     for line in tee.summary() if tee is not None else ():

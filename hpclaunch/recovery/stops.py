@@ -103,12 +103,26 @@ def not_completed(
     ended = read_run(job_dir, requeue).ended(tuple(nodes)) if job_dir is not None else {}
     taken = stopped_status(first, step.status, ended, nodes)
     if taken is not None:
-        noted = ", ".join(f"{node} {ended[node]}" for node in nodes if node in ended)
         log.warning(
-            "supervisor: the step ended with status 0 after %s, but not every agent "
-            "ended its training (%s): the step was stopped by %s, not completed",
+            "supervisor: the step ended with status 0 after %s, but the agents' end notes "
+            "do not say that every agent finished its training (%s): the step is taken as "
+            "stopped by %s, not completed",
             signal.Signals(first).name,
-            f"exit statuses noted: {noted}" if noted else "no agent noted its end",
+            _noted(ended, nodes),
             signal.Signals(first).name,
         )
     return taken
+
+
+def _noted(ended: Mapping[str, int], nodes: Sequence[str]) -> str:
+    """What the end notes say, and which are missing: a missing note is not known to
+    mean a stopped agent (SLURM may have killed it first, or the job folder refused the
+    note: full or read-only), hence only 'taken as stopped'. Pure."""
+    noted = "; ".join(f"{node} {ended[node]}" for node in nodes if node in ended)
+    missing = [node for node in nodes if node not in ended]
+    why = "never written, or the job folder could not take it"
+    if not noted:
+        return f"no agent's end note was found: {why}"
+    if not missing:
+        return f"exit statuses noted: {noted}"
+    return f"exit statuses noted: {noted}; none from {', '.join(missing)}: {why}"

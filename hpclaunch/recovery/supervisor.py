@@ -91,10 +91,15 @@ def supervise(
         gave_up = run.before_step()
         if gave_up is not None:
             return gave_up
-        result = run_step(
-            argv, forwarder, grace_s, run.on_first_signal, run.noise_log(), run.step_watch()
-        )
-        return run.after_step(result)
+        watching = run.step_watch()
+        try:
+            result = run_step(
+                argv, forwarder, grace_s, run.on_first_signal, run.noise_log(), watching
+            )
+            return run.after_step(result)
+        finally:
+            if watching is not None:
+                watching.decided()
 
 
 class Supervisor:
@@ -120,7 +125,7 @@ class Supervisor:
         self.requeue_count = int(env.get("SLURM_RESTART_COUNT") or 0)
         self.history: History | None = None
         if job_dir is not None:
-            self.history = History.load(job_dir, self.job_id, max_requeues)
+            self.history = history_store.load_or_set_aside(job_dir, self.job_id, max_requeues)
         self.run = self.history.start(env, self.requeue_count) if self.history else None
         self.finding: failures.Finding | None = None
         self.verdict: str | None = None  # the message for a person, when no node is to blame
@@ -182,7 +187,13 @@ class Supervisor:
         if self.job_dir is None:
             return None
         return watch.StepWatch(
-            self.job_dir, self.requeue_count, tuple(job_nodes(self.env)), self.watch_timeout_s
+            self.job_dir,
+            self.requeue_count,
+            tuple(job_nodes(self.env)),
+            self.watch_timeout_s,
+            deciding_s=watch.deciding_s(
+                self.watch_timeout_s, self.patience.signal_lead_s, self.patience.after_failure_s
+            ),
         )
 
     def before_step(self) -> int | None:
@@ -264,6 +275,10 @@ class Supervisor:
         )
         if self.verdict is not None and verdicts.stands(self.finding, decision.reason):
             log.error("supervisor: %s", self.verdict)
+        if self.job_dir and stood_down(self.job_dir, self.requeue_count):
+            # An agent's deputy took the run while this supervisor decided (it took
+            # longer than the bound its beat named): one of them acts, not both.
+            return deputy_status(self.job_dir, self.job_id, self.requeue_count, result.status)
         decision = self._act(decision)
         self._record(result.status, result.first_signal, decision)
         return decision.exit_status

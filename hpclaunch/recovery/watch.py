@@ -3,21 +3,22 @@ stuck on a dead NFS mount, a deadlock) never holds the allocation until the time
 
 - **The supervisor watches srun** (same host: ``/proc/PID/stat``) and **the agents**
   (their progress notes, every ``NOTE_S`` = 10 s while workers train, and their end
-  notes, through the job record), from the loop that waits for the step:
+  notes, hpclaunch.jobdir.follow), from the loop that waits for the step:
 
   * srun stopped (state T) for the bound, or srun still running the bound after every
     agent of the run noted its end: srun is killed and the supervisor goes on with what
     the agents noted (all ended 0: the training finished);
-  * an agent that noted nothing for the bound while another agent's notes go on is
-    named in the batch log and status, once (its workers may still be training:
-    nothing is done); an agent whose workers ended (its attempts log's end) is waiting
-    for the others at torch's exit barrier, not silent. When no agent's notes go on
-    any more (the others ended, their workers ended, or they were silent for the bound
-    too), the step is ended (srun killed) and the job requeued without the silent
-    agent's node, as after a dead agent. Whether its workers finished cannot
-    be told from the batch host, so a finished training is never assumed: the next
-    run resumes from the latest checkpoint. When every agent falls silent at once, no
-    agent is singled out (a job folder that stopped taking notes looks the same): the
+  * an agent that noted progress before, then nothing for the bound while another
+    agent's notes go on, is named in the batch log and status, once (its workers may
+    still be training: nothing is done; one that never noted may have no workers). An
+    agent whose workers ended (its attempts log's end) is waiting for the others at
+    torch's exit barrier, not silent. When no agent's notes go on any more (the others
+    ended, their workers ended, or they were silent for the bound too), the step is
+    ended (srun killed) and the job requeued without the silent agent's node, as after
+    a dead agent. Whether its workers finished cannot be told from the batch host, so
+    a finished training is never assumed: the next run resumes from the latest
+    checkpoint. When every agent falls silent at once, no agent is singled out (a job
+    folder that stopped taking notes looks the same): the
     hang watch and the time limit still stand.
 
 - **The agents watch the supervisor**: it rewrites a heartbeat file from the same loop
@@ -42,9 +43,8 @@ from pathlib import Path
 
 from hpclaunch import procs
 from hpclaunch.contract.supervisor import DEFAULT_WATCH_TIMEOUT_S
-from hpclaunch.jobdir import attempts, heartbeat, silent_agents
+from hpclaunch.jobdir import attempts, follow, heartbeat, silent_agents
 from hpclaunch.jobdir.layout import JobFolder
-from hpclaunch.record.job_record import read_run
 from hpclaunch.slurm.commands import NodeState
 
 log = logging.getLogger("hpclaunch.recovery.supervisor")  # the supervisor's lines
@@ -53,6 +53,15 @@ DEFAULT_BOUND_S = float(DEFAULT_WATCH_TIMEOUT_S)
 READ_S = 5.0  # between two reads of the run's notes by the supervisor
 BEAT_S = 1.0  # between two heartbeats of the supervisor
 LOOK_S = 0.5  # between two looks at the heartbeat by an agent
+# torch's agents wait this long for each other once their workers ended (the elastic
+# agent's exit_barrier_timeout, which hpclaunch leaves at torch's default): an agent
+# whose workers ended is waiting, not silent, for this long.
+EXIT_BARRIER_S = 300.0
+# A gap between two ticks (or looks) this much longer than their interval is time the
+# watcher did not run: SLURM suspended the job (scontrol suspend, PreemptMode=SUSPEND,
+# gang scheduling), or the process was stopped and continued. The monotonic clock ran
+# on meanwhile, but nobody could note anything: that time is not silence.
+SUSPENDED_S = 2 * READ_S
 
 
 class StallKind(enum.Enum):
@@ -145,7 +154,10 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     quiet = [n for n in running if now - since(n) >= bound]
     live = tuple(n for n in running if n not in quiet)
     if live:
-        fresh = tuple(n for n in quiet if n not in seen.flagged)
+        # Only an agent that noted progress before can be told to have stopped: one that
+        # never noted may have no workers (a --node-multiple spare standing by) or run a
+        # script that reports no progress on its ranks.
+        fresh = tuple(n for n in quiet if n not in seen.flagged and n in seen.changed)
         return Judgement(warn=fresh, live=live)
     # Nobody's notes go on. Single out agents that fell silent while others went on; or,
     # once others ended or rested, agents that noted progress before and nothing since
@@ -154,23 +166,45 @@ def judge(seen: Seen, now: float, bound: float) -> Judgement:
     silent = [n for n in quiet if n in seen.flagged]
     if not silent and rested:
         silent = [n for n in quiet if n in seen.changed]
-    if last_end is not None:
-        silent += [
-            n
-            for n in nodes
-            if n in seen.resting
-            and n not in seen.ended
-            and now - max(last_end, seen.resting[n]) >= bound
-        ]
+    # An agent whose workers ended waits at torch's exit barrier for the others, up to
+    # EXIT_BARRIER_S, even after they ended (a rank 0 that saved past the others'
+    # barrier): only past that and the bound is it stuck.
+    waited = EXIT_BARRIER_S + bound
+    stuck = [
+        n
+        for n in nodes
+        if n in seen.resting
+        and n not in seen.ended
+        and last_end is not None
+        and now - max(last_end, seen.resting[n]) >= waited
+    ]
+    silent += stuck
     if not silent:
         return Judgement()
     which = ", ".join(silent)
     message = (
         f"the agent on {which} noted no progress and no end for {bound:g} s or more "
         "while the others went on; the supervisor ended the step"
+        if len(stuck) < len(silent)
+        else f"the agent on {which} noted no end {waited:g} s after its workers and the "
+        f"others ended (torch's exit barrier waits {EXIT_BARRIER_S:g} s); the supervisor "
+        "ended the step"
     )
     others = {n: s for n, s in seen.statuses.items() if n not in silent}
     return Judgement(stall=Stall(StallKind.AGENT, message, tuple(silent), None, others))
+
+
+# Beyond SLURM's window, what the supervisor may spend deciding after the step: a test
+# write into each shared folder (hpclaunch.recovery.verdicts, 30 s each), SLURM's node
+# states for a silent agent, the history's lock.
+DECIDING_EXTRA_S = 120.0
+
+
+def deciding_s(bound: float, signal_lead_s: float, patience_s: float) -> float:
+    """The bound the supervisor's beat names while it decides after the step: the
+    watch's bound, plus the longest window it tries SLURM's controller for (after a
+    signal: its lead; else its patience), plus DECIDING_EXTRA_S. Pure."""
+    return bound + max(signal_lead_s, patience_s) + DECIDING_EXTRA_S
 
 
 def _srun_stuck(what: str) -> str:
@@ -188,6 +222,9 @@ class StepWatch:
     nodes: tuple[str, ...]
     bound: float
     clock: Callable[[], float] = time.monotonic
+    # The bound the last beat names while the supervisor decides after the step (see
+    # ``deciding``); None: the watch's bound.
+    deciding_s: float | None = None
     _beat: heartbeat.Beat | None = None
     _next_beat: float = 0.0
     _next_read: float = 0.0
@@ -201,6 +238,8 @@ class StepWatch:
     _resting: dict[str, float] = field(default_factory=dict)
     _beat_failed: bool = False
     _broken: bool = False
+    _last_tick: float | None = None
+    _follower: follow.Follower | None = None
 
     def beat(self) -> None:
         """Rewrite the heartbeat, at most every BEAT_S; a missed beat is logged once."""
@@ -220,6 +259,25 @@ class StepWatch:
                     exc,
                 )
             self._beat_failed = True
+
+    def deciding(self) -> None:
+        """The step ended and the supervisor decides what follows (the failure records,
+        SLURM's controller, its patience: minutes, without a loop that beats). One beat
+        that names ``deciding_s``: an agent that outlived srun waits that long for the
+        beat to move before its deputy acts, not the watch's bound (both would act)."""
+        if self.deciding_s is None:
+            return
+        if self._beat is None:
+            self._beat = heartbeat.Beat(JobFolder(self.job_dir), self.requeue, self.bound)
+        self._beat.bound_s = self.deciding_s
+        self._next_beat = 0.0
+        self.beat()
+
+    def decided(self) -> None:
+        """The supervisor has acted: one last beat, which the agents that wait see move."""
+        self._next_beat = 0.0
+        self.beat()
+        self.close()
 
     def close(self) -> None:
         if self._beat is not None:
@@ -243,6 +301,9 @@ class StepWatch:
         now = self.clock()
         if self._started is None:
             self._started = now
+        if self._last_tick is not None and now - self._last_tick > SUSPENDED_S:
+            self._shift(now - self._last_tick)
+        self._last_tick = now
         if procs.state(srun_pid) == "T":
             if self._srun_stopped is None:
                 self._srun_stopped = now
@@ -282,6 +343,22 @@ class StepWatch:
             )
         return judgement.stall
 
+    def _shift(self, gap: float) -> None:
+        """The supervisor did not run for ``gap`` seconds (see SUSPENDED_S): every time
+        the watch counts from moves on by it, as if the clock had stood still."""
+        log.info(
+            "supervisor: the watch did not run for %.0f s (the job suspended, or this "
+            "process stopped); that time is not counted as silence",
+            gap,
+        )
+        assert self._started is not None
+        self._started += gap
+        for times in (self._changed, self._ended, self._resting):
+            for node in times:
+                times[node] += gap
+        if self._srun_stopped is not None:
+            self._srun_stopped += gap
+
     def _note_silent(self, node: str, live: tuple[str, ...]) -> None:
         """For ``hpclaunch status``; the batch log's line says it either way."""
         note = silent_agents.SilentAgent(node, time.time(), self.bound, live)
@@ -290,15 +367,28 @@ class StepWatch:
         except OSError as exc:
             log.debug("supervisor: could not note the silent agent: %s", exc)
 
+    def _unnote_silent(self, node: str) -> None:
+        try:
+            silent_agents.remove(JobFolder(self.job_dir), self.requeue, node)
+        except OSError as exc:
+            log.debug("supervisor: could not remove the silent agent's note: %s", exc)
+
     def _read(self, now: float) -> None:
-        run = read_run(self.job_dir, self.requeue)
-        for note in run.notes:
+        if self._follower is None:
+            self._follower = follow.Follower(JobFolder(self.job_dir), self.requeue)
+        run = self._follower.read()
+        for note in run.progress:
             if self._notes.get(note.node) != note.time:
+                if note.node in self._flagged and note.node in self._notes:
+                    # Its notes go on again (it was stopped and continued, or its job
+                    # folder answered again): it is no longer taken for silent.
+                    self._flagged.discard(note.node)
+                    log.info("supervisor: the agent on %s notes progress again", note.node)
+                    self._unnote_silent(note.node)
                 self._notes[note.node] = note.time
                 self._changed[note.node] = now
-        latest = {event.node: event.event for event in run.events}  # by attempt and time
-        for node, event in latest.items():
-            if event in (attempts.END, attempts.STOP):
+        for node, latest in run.latest.items():  # by attempt and time
+            if latest.event in (attempts.END, attempts.STOP):
                 self._resting.setdefault(node, now)
             else:
                 self._resting.pop(node, None)
@@ -322,9 +412,13 @@ def supervisor_silent(
     if first is None:
         return None
     bound = heartbeat.bound_s(first) or DEFAULT_BOUND_S
-    start = clock()
+    start = last = clock()
     while clock() - start < bound:
         sleep(LOOK_S)
         if heartbeat.read(folder, requeue) != first:
             return None
+        now = clock()
+        if now - last > SUSPENDED_S:  # the job was suspended: the supervisor too
+            start += now - last
+        last = now
     return clock() - start

@@ -229,9 +229,10 @@ def test_scancel_never_requeues(sandbox: Running, tmp_path: Path, stuck: bool) -
     if stuck:  # what srun said, and what the supervisor made of it
         assert "srun: error: Timed out waiting for job step to complete" in job.log
         assert (
-            "supervisor: the step ended with status 0 after SIGTERM, but not every agent "
-            "ended its training (no agent noted its end): the step was stopped by SIGTERM, "
-            "not completed"
+            "supervisor: the step ended with status 0 after SIGTERM, but the agents' end "
+            "notes do not say that every agent finished its training (no agent's end note "
+            "was found: never written, or the job folder could not take it): the step is "
+            "taken as stopped by SIGTERM, not completed"
         ) in job.log
     shown = job.status()
     assert shown.startswith(f"job {job.id} (train): CANCELLED\n"), shown

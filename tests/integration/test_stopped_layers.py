@@ -57,6 +57,15 @@ def stopped(job: Job, pid: int) -> Iterator[float]:
             os.kill(pid, signal.SIGKILL)
 
 
+def nothing_left(job: Job, pid: int) -> None:
+    """No process of ``job`` is left, the one the test stopped neither: the job ended
+    them all by itself (``Job.wait_end`` waited for that; the test's own kill of the
+    stopped process comes after this)."""
+    assert _job_processes(job) == [], f"left behind by job {job.id}: {_job_processes(job)}"
+    left = procs.proc(pid)
+    assert left is None or left.zombie, f"the stopped process {pid} of job {job.id} is left"
+
+
 def _supervisor_of(job: Job) -> int:
     """The pid of the job's supervisor (the batch script execs it)."""
     found = [
@@ -75,7 +84,8 @@ def test_a_stopped_agent_is_noticed_and_the_job_is_requeued_without_its_node(
     job = submit(sandbox, tmp_path)
     job.wait_checkpoint(9)
     node = expand(job.fields()["NodeList"])[1]
-    with stopped(job, _agent_of(job, 1)) as since:
+    agent = _agent_of(job, 1)
+    with stopped(job, agent) as since:
         # Named in status while the others train on (its workers may still be training).
         wait_for(
             lambda: f"note: run 0: the agent on {node} noted no progress" in job.status(),
@@ -86,6 +96,7 @@ def test_a_stopped_agent_is_noticed_and_the_job_is_requeued_without_its_node(
         # noticed after the bound, acted on once the others stopped noting progress:
         # well before the time limit, the others' exit barrier (300 s) or any test wait
         assert time.monotonic() - since < 150
+        nothing_left(job, agent)
     log = job.log
     assert f"supervisor: warning: the agent on {node} has noted no progress" in log, log
     assert job.history() == [(0, "agent silent", "requeue"), (1, "completed", "none")]
@@ -103,11 +114,13 @@ def test_a_stopped_srun_is_killed_and_the_job_resumes_on_the_same_nodes(
     job = submit(sandbox, tmp_path)
     job.wait_checkpoint(9)
     nodes = job.fields()["NodeList"]
-    with stopped(job, _srun_of(job)) as since:
+    srun = _srun_of(job)
+    with stopped(job, srun) as since:
         # The step's output no longer flows (srun carries it), so the training stalls
         # too and the step cannot end by itself: srun is killed after the bound.
         assert job.wait_end() == "COMPLETED", job.log
         assert time.monotonic() - since < 150
+        nothing_left(job, srun)
     log = job.log
     error = (
         "srun (the job step, on the batch host) was stopped (state T) for 20 s; "
@@ -129,9 +142,11 @@ def test_a_stopped_supervisor_is_replaced_by_an_agent_that_ends_the_job(
     job = submit(sandbox, tmp_path)
     job.wait_checkpoint(9)
     batch = job.fields()["BatchHost"]
-    with stopped(job, _supervisor_of(job)) as since:
+    supervisor = _supervisor_of(job)
+    with stopped(job, supervisor) as since:
         assert job.wait_end() == "COMPLETED", job.log
         assert time.monotonic() - since < 90
+        nothing_left(job, supervisor)
     fields = job.fields()
     assert fields["Restarts"] == "0" and fields["ExitCode"] == "0:0", fields
     assert digest_of(job) == uninterrupted

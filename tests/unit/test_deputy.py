@@ -129,3 +129,28 @@ def test_libslurm_is_looked_for_beside_scontrol_first(tmp_path: Path) -> None:
     assert usr / "lib" / "x86_64-linux-gnu" / "slurm-wlm" / "libslurmfull.so" in found
     assert found[-1] == Path("libslurm.so.38")
     assert libslurm.candidates(None, None) == []
+
+
+def test_a_link_retried_by_nfs_that_says_eexist_to_its_maker_is_still_its_claim(
+    tmp_path: Path,
+) -> None:
+    # NFSv3: the LINK's reply is lost, the retry is answered EEXIST, yet the note in
+    # place is this agent's: it must act, or no agent would.
+    import json
+    import os
+
+    from hpclaunch.recovery.deputy import linked_by_us
+
+    path = tmp_path / "deputy.json"
+    note = {"node": "n2", "pid": os.getpid(), "lost": "n1", "why": "silent", "at": 5.0}
+    mine = tmp_path / ".deputy.json.n2.1"
+    mine.write_text(json.dumps(note))
+    os.link(mine, path)  # the first LINK, whose reply was lost
+    assert linked_by_us(mine, path, note)
+    mine.unlink()  # the link count cannot tell now; the note's content still does
+    mine.write_text(json.dumps(note))
+    assert linked_by_us(mine, path, note)
+    other = {**note, "node": "n3", "pid": 1}
+    path.unlink()
+    path.write_text(json.dumps(other))
+    assert not linked_by_us(mine, path, note)

@@ -189,3 +189,23 @@ def test_a_rank_that_exited_early_is_recorded_with_exit_code_0() -> None:
         (3, 0, True),
     ]
     assert record.workers[1].message == "exited 0 while the others trained on"
+
+
+def test_ranks_that_exit_0_are_early_only_once_another_rank_of_the_node_failed() -> None:
+    # The end of a training: ranks finish milliseconds apart, or rank 0 saves alone
+    # after the others exited 0. None is early while no rank failed.
+    assert failures.exited_early({1: 0}) == ()
+    assert failures.exited_early({1: 0, 2: 0, 3: 0}) == ()
+    assert failures.exited_early({}) == ()
+    # Rank 2 then failed (its peers left): the ranks that had exited 0 are named.
+    assert failures.exited_early({1: 0, 2: 1, 3: 0}) == (1, 3)
+    assert failures.exited_early({2: -9}) == ()
+
+
+def test_a_hung_rank_outweighs_the_clean_exits_of_its_peers() -> None:
+    # Rank 0 hung in a save of its own after ranks 1-3 exited 0 rightly: the verdict is
+    # the hang, not an early exit of rank 1.
+    hung = f"{failures.HUNG} in a save at step 120; its stack is in hangs/"
+    records = [rec("n1", 0, (0, -9, hung), (1, 0, EARLY)), rec("n2", 0, (2, 0, EARLY))]
+    found = classify(records, ["n1", "n2"])
+    assert found.verdict is Verdict.HANG and found.message == hung

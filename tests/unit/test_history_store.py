@@ -147,3 +147,28 @@ def test_a_supervisor_whose_job_moved_on_does_not_requeue(tmp_path: Path, restar
         assert (acted, requeued) == (bad_nodes, True)
     else:  # SLURM requeued the job since this run started: not again
         assert (acted, requeued) == (Decision(Action.NONE, Reason.LOST, 0), False)
+
+
+def test_a_torn_history_is_set_aside_and_the_run_starts_a_new_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A crash in an in-place rewrite (a full job folder) can leave history.json torn:
+    # the next run still steps, with a new history, the old file kept aside.
+    history = History(7, 3)
+    history.start({"SLURM_JOB_NODELIST": "n1"}, 0)
+    history.save(tmp_path)
+    path = tmp_path / "history.json"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "n1"}
+    caplog.set_level("ERROR")
+    supervisor = Supervisor(env, Slurm(_scontrol(1)), tmp_path, 3, 3)
+    assert supervisor.history is not None
+    assert [r.requeue_count for r in supervisor.history.runs] == [1]
+    [aside] = tmp_path.glob("history.json.unreadable-*")
+    assert aside.read_bytes() == whole[: len(whole) // 2]
+    [line] = [r.getMessage() for r in caplog.records if "history" in r.getMessage()]
+    assert line.startswith(f"supervisor: history: {path} could not be read (JSONDecodeError")
+    assert f"this run starts a new history (the old file is kept as {aside})" in line
+    assert supervisor.before_step() is None
+    assert json.loads(path.read_text())["runs"][0]["requeue_count"] == 1

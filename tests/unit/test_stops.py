@@ -93,3 +93,26 @@ def test_the_agents_notes_tell_a_stopped_step_from_a_completed_one(tmp_path: Pat
     agent_ends.write(folder, 0, AgentEnd("n2", 0))
     assert stops.not_completed(tmp_path, 0, ["n1", "n2"], stopped) is None
     assert stops.not_completed(tmp_path, 0, ["n1", "n2"], Step(143, (int(TERM),))) is None
+
+
+def test_missing_end_notes_are_said_missing_not_taken_for_stopped_agents(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full job folder refuses the agents' end notes: the step is taken as stopped (a
+    # requeue after the warning is the safe side), and the line says only what is known.
+    stopped = Step(0, (int(TERM),))
+    caplog.set_level("WARNING")
+    assert stops.not_completed(tmp_path, 0, ["n1", "n2"], stopped) == 143
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line == (
+        "supervisor: the step ended with status 0 after SIGTERM, but the agents' end notes "
+        "do not say that every agent finished its training (no agent's end note was found: "
+        "never written, or the job folder could not take it): the step is taken as stopped "
+        "by SIGTERM, not completed"
+    )
+    agent_ends.write(JobFolder(tmp_path), 0, AgentEnd("n1", 0))
+    caplog.clear()
+    assert stops.not_completed(tmp_path, 0, ["n1", "n2"], stopped) == 143
+    assert "(exit statuses noted: n1 0; none from n2: never written, or the job folder" in (
+        caplog.records[0].getMessage()
+    )

@@ -15,6 +15,7 @@ from hpclaunch.jobdir import heartbeat
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.recovery import policy
 from hpclaunch.recovery.watch import (
+    EXIT_BARRIER_S,
     Seen,
     StallKind,
     finished_without_lost,
@@ -100,11 +101,55 @@ def test_an_agent_that_never_noted_is_not_taken_for_a_stopped_one() -> None:
     assert judge(view, 1000.0, BOUND).stall is None
 
 
-def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent() -> None:
+def test_an_agent_that_never_noted_is_neither_named_nor_singled_out_beside_one_that_did() -> None:
+    # n1 notes progress; n2 never notes (a spare standing by, or ranks that report no
+    # progress): it is not warned of while n1 goes on, nor singled out once n1 rests.
+    view = seen(nodes=("n1", "n2"), changed={"n1": 60.0})
+    judged = judge(view, 70.0, BOUND)
+    assert judged.warn == () and judged.stall is None and judged.live == ("n1",)
+    resting = seen(nodes=("n1", "n2"), changed={"n1": 95.0}, resting={"n1": 100.0})
+    for now in (101.0, 131.0, 1000.0):
+        assert judge(resting, now, BOUND).stall is None and judge(resting, now, BOUND).warn == ()
+
+
+def test_an_agent_whose_workers_ended_but_that_never_ends_is_silent_past_the_barrier() -> None:
     view = seen(ended={"n1": 100.0, "n3": 100.0}, statuses={"n1": 0, "n3": 0}, resting={"n2": 90.0})
-    assert judge(view, 129.0, BOUND).stall is None
-    stall = judge(view, 130.0, BOUND).stall
+    assert judge(view, 100.0 + EXIT_BARRIER_S + BOUND - 1, BOUND).stall is None
+    stall = judge(view, 100.0 + EXIT_BARRIER_S + BOUND, BOUND).stall
     assert stall is not None and stall.nodes == ("n2",)
+    assert stall.message == (
+        "the agent on n2 noted no end 330 s after its workers and the others ended "
+        "(torch's exit barrier waits 300 s); the supervisor ended the step"
+    )
+
+
+def test_an_agent_at_the_exit_barrier_after_the_others_ended_is_waiting_not_silent() -> None:
+    # n1's rank 0 saved on past the others' exit barrier (300 s): n2 and n3 ended 0;
+    # then n1's workers ended and its agent waits at the barrier. It is not named at
+    # the bound: torch's barrier, not a stop, holds it.
+    view = seen(
+        changed={"n1": 400.0, "n2": 50.0, "n3": 50.0},
+        ended={"n2": 360.0, "n3": 360.0},
+        statuses={"n2": 0, "n3": 0},
+        resting={"n1": 410.0},
+    )
+    for now in (410.0 + BOUND, 410.0 + 2 * BOUND, 410.0 + EXIT_BARRIER_S):
+        assert judge(view, now, BOUND).stall is None
+
+
+def test_a_failed_peer_is_examined_before_an_agent_silent_at_its_barrier() -> None:
+    # --no-kill: n1 failed (exit 1) while n2 waited at the exit barrier and was named:
+    # n1's failure record decides, and n2 is not kept out.
+    from hpclaunch.jobdir.failures import Finding, Verdict
+
+    bad = Finding(Verdict.BAD_NODES, ("n1",), "RuntimeError: boom")
+    situation = policy.Situation(137, None, 0, None, 3, bad, silent=("n2",))
+    decision = policy.decide(situation)
+    assert decision.reason is policy.Reason.BAD_NODES and decision.exclude == ("n1",)
+    bug = policy.Situation(137, None, 0, None, 3, Finding(Verdict.BUG, message="x"), silent=("n2",))
+    assert policy.decide(bug).reason is policy.Reason.BUG
+    unknown = policy.Situation(137, None, 0, None, 3, Finding(Verdict.UNKNOWN), silent=("n2",))
+    assert policy.decide(unknown).reason is policy.Reason.AGENT_SILENT
 
 
 def test_agents_on_a_lost_node_leave_the_others_ends_standing() -> None:
@@ -170,6 +215,31 @@ def test_the_heartbeat_is_rewritten_in_place_at_one_size(tmp_path: Path) -> None
     assert os.stat(heartbeat.path(folder, 0)).st_ino == inode
     assert second.split() == [str(os.getpid()).encode(), b"2", b"20"]
     assert heartbeat.bound_s(second) == 20.0 and heartbeat.bound_s(b"12 3") is None
+
+
+def open_fds_on(target: Path) -> list[str]:
+    """This process's descriptors open on ``target`` (Linux: /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(target):
+                found.append(fd)
+        except OSError:
+            continue  # the descriptor listdir itself used, closed meanwhile
+    return found
+
+
+def test_each_beat_is_flushed_and_closed_so_other_nodes_see_it(tmp_path: Path) -> None:
+    # On NFS a write into a kept-open file stays in the writer's page cache for up to
+    # half a minute: the other nodes would see a still beat. Each beat is closed.
+    folder = JobFolder(tmp_path)
+    beat = heartbeat.Beat(folder, 0, 20.0)
+    for sequence in (1, 2, 3):
+        beat.beat()
+        assert open_fds_on(heartbeat.path(folder, 0)) == []
+        content = heartbeat.read(folder, 0)
+        assert content is not None and content.split()[1] == str(sequence).encode()
+    beat.close()
 
 
 class Clock:
@@ -284,3 +354,132 @@ def test_the_step_watch_reads_the_notes_names_the_silent_agent_and_ends_the_step
     stall = watch.tick(os.getpid())
     assert stall is not None and stall.nodes == ("n2",) and stall.kind is StallKind.AGENT
     watch.close()
+
+
+def test_a_suspended_job_is_not_taken_for_silent_agents_and_a_named_one_is_cleared(
+    tmp_path: Path,
+) -> None:
+    # SLURM suspends the job (scontrol suspend): the supervisor's monotonic clock runs
+    # on while nobody can note anything. That time is not silence.
+    from hpclaunch.jobdir import progress_notes, silent_agents
+    from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+    from hpclaunch.recovery.watch import StepWatch
+
+    folder, clock = JobFolder(tmp_path), Clock()
+
+    def note(node: str, at: float) -> None:
+        rank = RankProgress(0, int(at), 1.0, 1.0, 0.0)
+        progress_notes.write(folder, 0, NodeProgress(node, 0, at, (rank,)))
+
+    watch = StepWatch(tmp_path, 0, ("n1", "n2"), 20.0, clock)
+    for at in range(0, 12):
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 100.0 + at)
+            note("n2", 100.0 + at)
+        assert watch.tick(os.getpid()) is None
+    clock.now = 600.0  # resumed after ten minutes
+    assert watch.tick(os.getpid()) is None
+    note("n1", 1000.0)  # n1's agent notes first after the resume
+    for at in range(601, 615):
+        clock.now = float(at)
+        assert watch.tick(os.getpid()) is None
+    assert list(folder.agents(0).glob("silent-*")) == []  # n2 was not named
+    # n2 truly stops now: named after the bound while n1 goes on; then its notes go on
+    # again (it was continued): the name is taken back, and it is not singled out.
+    for at in range(615, 645):
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 1000.0 + at)
+        assert watch.tick(os.getpid()) is None
+    [named] = [silent_agents.parse(p.read_text()) for p in folder.agents(0).glob("silent-*")]
+    assert named.node == "n2"
+    note("n2", 2000.0)
+    for at in range(645, 660):
+        clock.now = float(at)
+        assert watch.tick(os.getpid()) is None
+    assert list(folder.agents(0).glob("silent-*")) == []
+    clock.now = 680.0  # n1 and n2 both quiet 20 s: nobody singled out
+    assert watch.tick(os.getpid()) is None
+    watch.close()
+
+
+def test_an_agent_does_not_count_a_suspension_as_the_supervisor_s_silence(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    beat = heartbeat.Beat(JobFolder(tmp_path), 0, 20.0)
+    beat.beat()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if 5.0 <= clock.now < 5.5:
+            clock.now += 600.0  # the job is suspended for ten minutes
+        elif clock.now >= 607.0 and beat.sequence == 1:
+            beat.beat()  # the supervisor's first beat after the resume
+
+    assert supervisor_silent(tmp_path, 0, clock, sleep) is None
+    beat.close()
+
+
+def test_agents_that_outlive_srun_wait_for_a_deciding_supervisor_not_the_bound(
+    tmp_path: Path,
+) -> None:
+    # After a stall's kill an agent can outlive srun; the supervisor then decides (SLURM
+    # patience, the failure records) without its wait loop. Its last beat names a
+    # longer bound, and the agent waits for the beat that says it has acted.
+    from hpclaunch.recovery.watch import StepWatch, deciding_s
+
+    clock = Clock()
+    longer = deciding_s(20.0, 90.0, 300.0)
+    assert longer == 20.0 + 300.0 + 120.0
+    watch = StepWatch(tmp_path, 0, ("n1",), 20.0, clock, deciding_s=longer)
+    watch.beat()
+    watch.deciding()
+    assert heartbeat.bound_s(heartbeat.read(JobFolder(tmp_path), 0) or b"") == longer
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 200.0 and not decided:
+            decided.append(True)
+            watch.decided()  # after_step returned, 200 s on: well past the watch's 20 s
+
+    decided: list[bool] = []
+    assert supervisor_silent(tmp_path, 0, clock, sleep) is None
+    assert 200.0 <= clock.now < 201.0
+    # A supervisor that never decides is silent after the longer bound.
+    still = Clock()
+    watch.deciding()
+    waited = supervisor_silent(tmp_path, 0, still, still.sleep)
+    assert waited is not None and longer <= waited < longer + 1
+
+
+def test_the_watch_follows_the_attempts_logs_from_where_it_stopped(tmp_path: Path) -> None:
+    # The logs grow all the job long: each read takes only what was appended since.
+    from hpclaunch.jobdir import agent_ends, attempts
+    from hpclaunch.jobdir.agent_ends import AgentEnd
+    from hpclaunch.jobdir.follow import Follower
+
+    folder = JobFolder(tmp_path)
+    for second in range(200):
+        attempts.append(folder, 0, attempts.AttemptEvent("n1", 0, attempts.STEP, float(second)))
+    attempts.append(folder, 0, attempts.AttemptEvent("n2", 0, attempts.BEGIN, 5.0))
+    follower = Follower(folder, 0)
+    first = follower.read()
+    assert {n: e.event for n, e in first.latest.items()} == {"n1": "step", "n2": "begin"}
+    assert first.latest["n1"].time == 199.0 and first.ends == ()
+    before = follower.bytes_read
+    end = attempts.AttemptEvent("n1", 0, attempts.END, 300.0)
+    attempts.append(folder, 0, end)
+    log = attempts.path(folder, 0, "n1")
+    with open(log, "ab") as torn:  # a line still being written is left for later
+        torn.write(b'{"attempt": 1, "event": "be')
+    agent_ends.write(folder, 0, AgentEnd("n1", 0))
+    second = follower.read()
+    assert second.latest["n1"] == end and second.latest["n2"].event == "begin"
+    assert second.ends == (AgentEnd("n1", 0),)
+    taken = len(json.dumps(end.__dict__, sort_keys=True)) + 1
+    assert follower.bytes_read - before == taken + len(b'{"attempt": 1, "event": "be')
+    with open(log, "ab") as torn:
+        torn.write(b'gin", "node": "n1", "time": 310.0}\n')
+    assert follower.read().latest["n1"].event == "begin"
