@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.etcd_agents import uninterrupted_digest as etcd_digest
 from tests.integration.helpers import VENV_BIN
 from tests.integration.sandbox_fixture import Running, sandbox
 from tests.integration.training_jobs import uninterrupted_digest
 
-__all__ = ["hpclaunch_bin", "reference_digest", "sandbox"]
+__all__ = ["etcd_reference", "hpclaunch_bin", "reference_digest", "sandbox"]
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +32,13 @@ def reference_digest(
         return found[key]
 
     return digest
+
+
+@pytest.fixture(scope="session")
+def etcd_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The digest of the two-agent etcd training (tests.integration.etcd_agents) that
+    nothing interrupts: one run for the modules that take etcd away mid-training."""
+    return etcd_digest(tmp_path_factory.mktemp("etcd-reference"), 8301)
 
 
 @pytest.fixture

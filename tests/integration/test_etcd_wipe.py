@@ -10,51 +10,37 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.etcd_agents import finish, lines, start_agents
 from tests.integration.etcd_fixture import RestartableEtcd
 from tests.integration.helpers import wait_for
-from tests.integration.test_etcd_outage import _finish, _lines, _start_agents
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The digest of the same training without a wipe."""
-    folder = tmp_path_factory.mktemp("reference")
-    etcd = RestartableEtcd(folder / "etcd")
-    try:
-        results = _finish(8401, _start_agents(8401, folder, etcd.endpoint))
-    finally:
-        etcd.stop()
-    assert [status for status, _ in results] == [0, 0], results
-    (result,) = [r for _, out in results for r in _lines(out, "RESULT")]
-    return str(result["digest"])
-
-
 @pytest.mark.parametrize("down_s", [0.5, 10.0])
 def test_an_etcd_wiped_mid_training_gets_its_rendezvous_state_back(
-    down_s: float, reference: str, tmp_path: Path
+    down_s: float, etcd_reference: str, tmp_path: Path
 ) -> None:
     etcd = RestartableEtcd(tmp_path / "etcd")
     job_id = 8402 + int(down_s)
     try:
-        agents = _start_agents(job_id, tmp_path, etcd.endpoint, "--step-time", "0.4")
+        agents = start_agents(job_id, tmp_path, etcd.endpoint, "--step-time", "0.4")
         checkpoints = tmp_path / "checkpoints"
         wait_for(
             lambda: checkpoints.is_dir() and any(checkpoints.iterdir()), 120, "a first checkpoint"
         )
         etcd.wipe(down_s)
         assert all(a.poll() is None for a in agents), "training ended before etcd came back"
-        results = _finish(job_id, agents)
+        results = finish(job_id, agents)
     finally:
         etcd.stop()
     out = "\n".join(text for _, text in results)
     assert [status for status, _ in results] == [0, 0], out
-    (result,) = _lines(out, "RESULT")
-    assert result["digest"] == reference
+    (result,) = lines(out, "RESULT")
+    assert result["digest"] == etcd_reference
     # The workers were never restarted: one start, in attempt 0, whose rank logs hold
     # the whole run (no later attempt wrote over them).
-    (start,) = _lines(out, "START")
+    (start,) = lines(out, "START")
     assert start["attempt"] == "0", out
     attempts = tmp_path / "job" / "logs" / "requeue-0" / "step-0"
     assert sorted(p.name for p in attempts.iterdir()) == ["attempt-0"]
