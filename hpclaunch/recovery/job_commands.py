@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hpclaunch.errors import SlurmError
 from hpclaunch.slurm.commands import Slurm
@@ -82,14 +83,32 @@ def keep_lost_out(
         signal.signal(signal.SIGTERM, previous)
 
 
-def slurm_restarts(slurm: Slurm, job_id: int, window: Window) -> int | None:
-    """The job's Restarts count, asked again while SLURM's controller is away and
-    ``window`` is open; None when it cannot be had."""
+@dataclass(frozen=True)
+class Standing:
+    """What SLURM says of the job: its Restarts count (None when scontrol's is not a
+    number) and its JobState ("" when not said)."""
+
+    restarts: int | None
+    state: str
+
+
+def slurm_standing(slurm: Slurm, job_id: int, window: Window) -> Standing | None:
+    """The job's Restarts and JobState from one scontrol call, asked again while
+    SLURM's controller is away and ``window`` is open; None when it cannot be had."""
     try:
         fields = persist(lambda s: s.job_fields(job_id), slurm, window, who="supervisor: ")
-        return int(fields.get("Restarts", ""))
     except SlurmError as exc:
         log.warning("supervisor: could not read the job's Restarts: %s", describe(exc))
+        return None
+    try:
+        restarts: int | None = int(fields.get("Restarts", ""))
     except ValueError as exc:
         log.warning("supervisor: could not read the job's Restarts from scontrol: %s", exc)
-    return None
+        restarts = None
+    return Standing(restarts, fields.get("JobState", ""))
+
+
+def slurm_restarts(slurm: Slurm, job_id: int, window: Window) -> int | None:
+    """The job's Restarts count (slurm_standing); None when it cannot be had."""
+    standing = slurm_standing(slurm, job_id, window)
+    return standing.restarts if standing is not None else None

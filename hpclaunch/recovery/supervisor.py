@@ -12,6 +12,7 @@ waits for the step to end (the workers checkpoint and exit), and then acts as
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -36,7 +37,12 @@ from hpclaunch.record.job_record import JobRecord, read_run
 from hpclaunch.recovery import policy as requeue
 from hpclaunch.recovery import stepdeath, stops, verdicts, watch
 from hpclaunch.recovery.deputy import deputy_status, stood_down
-from hpclaunch.recovery.job_commands import keep_lost_out, requeue_job, slurm_restarts
+from hpclaunch.recovery.job_commands import (
+    keep_lost_out,
+    requeue_job,
+    slurm_restarts,
+    slurm_standing,
+)
 from hpclaunch.recovery.step import StepResult, forwarding, run_step
 from hpclaunch.slurm.commands import Slurm
 from hpclaunch.slurm.env import job_nodes
@@ -221,10 +227,29 @@ class Supervisor:
         self.patience.signalled()
         if self.job_dir and stood_down(self.job_dir, self.requeue_count):
             return  # this host was lost from the job: an agent has its run (and history)
-        if first_signal in requeue.STOP_SIGNALS:
-            restarts = slurm_restarts(self.slurm, self.job_id, self.patience.window())
-            if restarts is not None and restarts > self.requeue_count:
-                self._record(None, first_signal, self._by_slurm())
+        if first_signal not in requeue.STOP_SIGNALS:
+            return
+        standing = slurm_standing(self.slurm, self.job_id, self.patience.window())
+        if standing is None:
+            return
+        if standing.restarts is not None and standing.restarts > self.requeue_count:
+            self._record(None, first_signal, self._by_slurm())
+        elif standing.restarts == self.requeue_count:
+            # SLURM's SIGTERM without a requeue (scancel, a time limit without warning,
+            # a preemption that cancels) ends the job, as after_step would decide; SLURM
+            # kills this process KillWait seconds from now, which can be before srun has
+            # returned (agents stuck in a save), so the end is recorded now. A supervisor
+            # that lives to see the step end records what it then decides.
+            log.info(
+                "supervisor: %s without a requeue (SLURM's Restarts is still %d): recorded "
+                "as cancelled now, since SLURM may kill this process before the step ends",
+                signal.Signals(first_signal).name,
+                standing.restarts,
+            )
+            decision = requeue.Decision(
+                requeue.Action.NONE, requeue.Reason.CANCELLED, 128 + first_signal
+            )
+            self._record(None, first_signal, decision)
 
     def after_step(self, result: StepResult) -> int:
         """Decide what follows the step, act on it, record it; the exit status."""

@@ -131,7 +131,10 @@ def _scontrol(restarts: int) -> FakeRunner:
             return CommandResult(argv, 0, f"JobId=7 JobState=RUNNING Restarts={restarts}\n", "")
         return CommandResult(argv, 0, "", "")
 
-    return FakeRunner({"scontrol": scontrol})
+    def sinfo(argv: tuple[str, ...]) -> CommandResult:
+        return CommandResult(argv, 0, "n1 allocated\n", "")
+
+    return FakeRunner({"scontrol": scontrol, "sinfo": sinfo})
 
 
 @pytest.mark.parametrize("restarts", [0, 1])
@@ -147,6 +150,21 @@ def test_a_supervisor_whose_job_moved_on_does_not_requeue(tmp_path: Path, restar
         assert (acted, requeued) == (bad_nodes, True)
     else:  # SLURM requeued the job since this run started: not again
         assert (acted, requeued) == (Decision(Action.NONE, Reason.LOST, 0), False)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_cancel_is_recorded_at_slurms_signal(tmp_path: Path, restarts: int) -> None:
+    """scancel: SLURM kills the supervisor KillWait seconds after its SIGTERM, which can
+    be before srun returns (agents stuck in a save): the history says cancelled by then.
+    A SIGTERM with SLURM's Restarts raised is SLURM's requeue."""
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n1"}
+    supervisor = Supervisor(env, Slurm(_scontrol(restarts)), tmp_path, 3, 3)
+    assert supervisor.before_step() is None
+    supervisor.on_first_signal(signal.SIGTERM)
+    [run] = json.loads((tmp_path / "history.json").read_text())["runs"]
+    ended = (run.get("reason"), run.get("action"))
+    said = [("cancelled", "none"), ("requeued by SLURM", "SLURM requeues")][restarts]
+    assert ended == said, run
 
 
 def test_a_torn_history_is_set_aside_and_the_run_starts_a_new_one(
