@@ -138,8 +138,15 @@ def _equal(root: Path, out: Path) -> None:
 def test_four_ranks_save_committed_folders_only(saved: Path) -> None:
     names = sorted(p.name for p in (saved / "ckpt").iterdir())
     assert names == ["step-000000000001", "step-000000000002"]
-    files = sorted(p.name for p in (saved / "ckpt" / "step-000000000002").iterdir())
-    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    latest = saved / "ckpt" / "step-000000000002"
+    files = sorted(p.name for p in latest.iterdir())
+    data = [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    assert files == [*data, "hpclaunch-manifest.json"]  # the ranks' parts merged into it
+    # Each rank summed the shards it wrote, rank 0 the metadata: every file is covered.
+    written = json.loads((latest / "hpclaunch-manifest.json").read_text())
+    assert (written["step"], written["world"], written["layout"]) == (2, 4, 1)
+    assert sorted(written["files"]) == data
+    assert all(written["files"][f]["bytes"] == (latest / f).stat().st_size for f in data)
 
 
 @pytest.mark.parametrize("ranks", [4, 3, 2])
@@ -275,11 +282,15 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     assert out["one_file_loaded"] == [0, 0.0]
     assert (tmp_path / "ckpt-one-file" / "step-000000000001.pt.damaged").exists()
     # Step 2 was set aside only once step 1 had loaded: that showed the loading works.
-    assert "step-000000000002 failed to load (rank 0: " in done.stderr
+    # The truncated shard is caught by its manifest before torch reads it.
+    assert "step-000000000002 failed to load (step 2: size mismatch in __0_0.distcp: " in (
+        done.stderr
+    )
     assert "set aside as step-000000000002.damaged; resumed from step-000000000001" in (done.stderr)
     # When none loads, the cause may be the script: nothing is renamed, each is named.
     assert out["none_loads"].startswith(
-        f"no checkpoint in {folder} can be loaded: step-000000000001 (rank 0: "
+        f"no checkpoint in {folder} can be loaded: step-000000000001 (step 1: size mismatch "
+        "in .metadata: "
     )
     assert "Nothing was renamed" in out["none_loads"]
     assert out["names"] == [
