@@ -158,6 +158,8 @@ def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
     index = ranks.from_rank(failed_on, names.index(mine) if mine in names else -1)
     file = names[index] if 0 <= index < len(names) else None
     if error is not None and failed_on == ranks.rank:
+        if ranks.rank != 0:  # rank 0 names the checkpoint; what this rank found is here
+            _say(f"{chosen.path} fails its manifest on rank {ranks.rank}: {error}")
         raise error
     raise ManifestError(problem, file, f"found by rank {failed_on} (its log says more)")
 

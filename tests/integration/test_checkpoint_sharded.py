@@ -86,13 +86,16 @@ os._exit(0)
 """
 
 
-def torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    tmp_path: Path, nproc: int, *args: str, job_dir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = base_env(
         PYTHONWARNINGS="ignore::UserWarning",
         OMP_NUM_THREADS="1",
         HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(tmp_path / "node-local"),
+        **({"HPCLAUNCH_JOB_DIR": str(job_dir)} if job_dir else {}),
     )
     done = subprocess.run(
         [
@@ -178,6 +181,98 @@ def test_node_local_copies_serve_the_same_ranks_only(saved: Path, tmp_path: Path
     partial = torchrun(tmp_path, 4, "load", str(saved / "ckpt"), str(tmp_path))
     assert "node-local" not in partial.stderr
     _equal(saved, tmp_path)
+
+
+def _flip_a_byte(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(path.stat().st_size // 2)  # in the tensor data, past DCP's header
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+
+def _rename_older_over(folder: Path) -> None:
+    newest = folder / "step-000000000002"
+    shutil.rmtree(newest)
+    shutil.copytree(folder / "step-000000000001", newest)
+
+
+def _newer_layout(folder: Path) -> None:
+    where = folder / "step-000000000002" / "hpclaunch-manifest.json"
+    where.write_text(where.read_text().replace('"layout": 1', '"layout": 2'))
+
+
+# Loaded by 2 ranks, the files are summed: rank 0 .metadata, __1_0 and __3_0, rank 1
+# __0_0 and __2_0 (every second file, by name): __2_0's flip is found by rank 1 only.
+DAMAGE = {
+    "byte flipped": (
+        lambda f: _flip_a_byte(f / "step-000000000002" / "__2_0.distcp"),
+        "checksum mismatch in __2_0.distcp: found by rank 1 (its log says more)",
+    ),
+    "step 1 under step 2's name": (
+        _rename_older_over,
+        "step mismatch: its manifest says step 1, its name step 2: another step's "
+        "checkpoint under this name",
+    ),
+    "newer layout": (_newer_layout, "newer layout: "),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_checkpoint_that_fails_its_manifest_is_set_aside_and_the_previous_one_used(
+    saved: Path, tmp_path: Path, damage: str
+) -> None:
+    """Every rank agrees on the verdict (rank 1 found the flip; rank 0 names it), step 1
+    is loaded with every tensor as saved, step 2 is set aside with a note for status."""
+    folder, job = tmp_path / "ckpt", tmp_path / "job"
+    shutil.copytree(saved / "ckpt", folder)
+    job.mkdir()
+    change, problem = DAMAGE[damage]
+    change(folder)
+    done = torchrun(tmp_path, 2, "load", str(folder), str(tmp_path), job_dir=job)
+    assert loaded_line(done) == {"step": 1, "meta": {"step": 1, "world": 4}}
+    bad = folder / "step-000000000002"
+    line = f"hpclaunch checkpoint: {bad} failed to load (step 2: {problem}"
+    assert line in done.stderr, done.stderr
+    assert "set aside as step-000000000002.damaged; resumed from step-000000000001\n" in (
+        done.stderr
+    )
+    # One line names it; where rank 1 found the damage, rank 1 says what it found.
+    said = sorted(x for x in done.stderr.splitlines() if "step-000000000002" in x)
+    assert said[0].startswith(line)
+    if damage == "byte flipped":
+        assert len(said) == 2
+        assert said[1].startswith(
+            f"hpclaunch checkpoint: {bad} fails its manifest on rank 1: {bad / '__2_0.distcp'}: "
+            "crc32 "
+        )
+        assert " its manifest says " in said[1]
+    else:
+        assert len(said) == 1
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step-000000000001",
+        "step-000000000002.damaged",
+    ]
+    [note] = [json.loads(x) for x in (job / "checkpoints-set-aside.jsonl").read_text().splitlines()]
+    assert (note["step"], note["renamed_to"]) == (2, str(folder / "step-000000000002.damaged"))
+    assert problem.startswith(note["problem"])
+
+
+def test_a_checkpoint_saved_before_manifests_loads_said_unverified(
+    saved: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    shutil.copytree(saved / "ckpt", folder)
+    for step in (1, 2):
+        (folder / f"step-{step:012d}" / "hpclaunch-manifest.json").unlink()
+    done = torchrun(tmp_path, 2, "load", str(folder), str(tmp_path))
+    assert loaded_line(done) == {"step": 2, "meta": {"step": 2, "world": 4}}
+    _equal(saved, tmp_path)
+    said = (
+        f"hpclaunch checkpoint: {folder / 'step-000000000002'} has no manifest (saved before "
+        "hpclaunch wrote them): loaded unverified\n"
+    )
+    assert done.stderr.count(said) == 1 and "set aside" not in done.stderr
 
 
 # One process, one rank (FSDP2 still gives DTensors): what is refused, and damage.
