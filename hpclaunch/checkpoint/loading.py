@@ -1,5 +1,6 @@
 """``load_latest``: the newest committed checkpoint every rank can load, in either
-form. A committed checkpoint that fails to load (truncated, bit rot, wrong shapes)
+form. A committed checkpoint that fails its manifest (bit rot, truncated, another
+step's under its name, a newer layout) or fails to load (wrong shapes)
 is named on stderr and the previous one is tried; once an older one loads, the ones
 that failed are renamed ``step-N.damaged`` out of the committed set, so a job never
 loops on a bad checkpoint. When none loads, nothing is renamed and the error names
@@ -74,7 +75,9 @@ def load_latest(
     A sharded checkpoint loads into ``into``, in place, resharded to this job's ranks
     (so ``into`` is required for it: the state as the training built it, with the
     same keys as the saved one). A one-file checkpoint is returned as saved
-    (``into`` is not needed). A checkpoint that fails to load is set aside once an
+    (``into`` is not needed; given, each saved tensor's shape is checked against the
+    one at its key in ``into``). Each checkpoint is first checked against its manifest
+    (hpclaunch.checkpoint.manifest). A checkpoint that fails to load is set aside once an
     older one has loaded (which shows that the loading itself works); when none
     loads, nothing is renamed and CheckpointError names each failure. Raises
     CheckpointError too when the folder is unusable or ``into`` does not fit.
@@ -228,7 +231,11 @@ def _load(
     import torch
 
     if not chosen.sharded:
-        return torch.load(chosen.path, map_location=map_location, weights_only=weights_only)
+        state = torch.load(chosen.path, map_location=map_location, weights_only=weights_only)
+        wrong = shape_mismatch(state, into) if into is not None else None
+        if wrong:  # as DCP says it for a sharded one: a damaged checkpoint, the previous next
+            raise ValueError(wrong)
+        return state
     if into is None:
         raise CheckpointMismatch(
             f"{chosen.path} is a sharded checkpoint: pass the state to load it into, "
@@ -237,6 +244,30 @@ def _load(
     # DCP replaces the top level's non-tensor values in the dict it is given: give it
     # the caller's own, so that ``into`` holds what was loaded, as documented.
     return _load_sharded(chosen, into if isinstance(into, dict) else dict(into), ranks, near)
+
+
+def shape_mismatch(saved: Any, into: Any, key: str = "") -> str | None:
+    """The first tensor of ``saved`` whose shape differs from the one at its key in
+    ``into`` (nested dicts and lists, keys joined by dots); None when none does. A key
+    only one of them has is not looked at: ``into`` need not hold all of a one-file
+    checkpoint."""
+    if isinstance(saved, Mapping) and isinstance(into, Mapping):
+        pairs = [(k, saved[k], into[k]) for k in saved if k in into]
+    elif isinstance(saved, list | tuple) and isinstance(into, list | tuple):
+        pairs = list(zip(range(len(saved)), saved, into, strict=False))
+    else:
+        want, found = getattr(into, "shape", None), getattr(saved, "shape", None)
+        if want is None or found is None or tuple(want) == tuple(found):
+            return None
+        return (
+            f"Size mismatch between saved {tuple(found)} and current {tuple(want)} for "
+            f"{key or 'the state'}"
+        )
+    for name, inner_saved, inner_into in pairs:
+        found_here = shape_mismatch(inner_saved, inner_into, f"{key}.{name}" if key else str(name))
+        if found_here:
+            return found_here
+    return None
 
 
 def _load_sharded(

@@ -333,6 +333,21 @@ for step in (0, 1):
 os.truncate(os.path.join(single, "step-000000000001.pt"), 100)
 resumed = checkpoint.load_latest(single)
 out["one_file_loaded"] = [resumed.step, resumed.state["x"][0].item()]
+# A one-file checkpoint with a byte flipped in its tensor data: its manifest tells.
+flipped = folder + "-one-file-flipped"
+for step in (0, 1):
+    checkpoint.save({"x": torch.full((1000,), float(step))}, step, folder=flipped)
+with open(os.path.join(flipped, "step-000000000001.pt"), "r+b") as handle:
+    handle.seek(-2000, os.SEEK_END)  # in the tensor's bytes, before the zip's directory
+    byte = handle.read(1)
+    handle.seek(-1, os.SEEK_CUR)
+    handle.write(bytes([byte[0] ^ 1]))
+out["flipped_loaded"] = checkpoint.load_latest(flipped).step
+# The newest saved with other shapes than the script's: given into=, it is not taken.
+shapes = folder + "-one-file-shapes"
+checkpoint.save({"x": torch.zeros(1000)}, 0, folder=shapes)
+checkpoint.save({"x": torch.zeros(999)}, 1, folder=shapes)
+out["shapes_loaded"] = checkpoint.load_latest(shapes, into={"x": torch.ones(1000)}).step
 # 256 MB more: its write is still going on when the script ends, without wait().
 checkpoint.save({**state(), "big": torch.ones(64 * 2**20)}, 7, folder=folder,
                 asynchronous=True)
@@ -376,6 +391,32 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     assert out["loaded"] == 1  # step 2 truncated: set aside, step 1 loaded
     assert out["one_file_loaded"] == [0, 0.0]
     assert (tmp_path / "ckpt-one-file" / "step-000000000001.pt.damaged").exists()
+    assert out["flipped_loaded"] == 0
+    flipped = tmp_path / "ckpt-one-file-flipped" / "step-000000000001.pt"
+    assert (
+        f"hpclaunch checkpoint: {flipped} failed to load (step 1: checksum mismatch in "
+        f"step-000000000001.pt: {flipped}: crc32 "
+    ) in done.stderr
+    assert sorted(p.name for p in flipped.parent.iterdir()) == [  # its manifest went with it
+        "step-000000000000.pt",
+        "step-000000000000.pt.manifest.json",
+        "step-000000000001.pt.damaged",
+        "step-000000000001.pt.damaged.manifest.json",
+    ]
+    assert out["shapes_loaded"] == 0
+    assert (
+        f"{tmp_path / 'ckpt-one-file-shapes' / 'step-000000000001.pt'} failed to load (rank 0: "
+        "ValueError: Size mismatch between saved (999,) and current (1000,) for x): set aside "
+        "as step-000000000001.pt.damaged; resumed from step-000000000000.pt"
+    ) in done.stderr
+    # Each set aside is noted for hpclaunch status, with its reason.
+    noted = [json.loads(x) for x in (job / "checkpoints-set-aside.jsonl").read_text().splitlines()]
+    assert [(n["step"], n["problem"], n["file"]) for n in noted] == [
+        (2, "size mismatch", "__0_0.distcp"),
+        (1, "size mismatch", "step-000000000001.pt"),
+        (1, "checksum mismatch", "step-000000000001.pt"),
+        (1, "load failed", None),
+    ]
     # Step 2 was set aside only once step 1 had loaded: that showed the loading works.
     # The truncated shard is caught by its manifest before torch reads it.
     assert "step-000000000002 failed to load (step 2: size mismatch in __0_0.distcp: " in (

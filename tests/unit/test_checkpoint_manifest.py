@@ -181,3 +181,22 @@ def test_a_set_aside_note_says_the_step_the_problem_and_where() -> None:
     )
     line = json.dumps({**note.__dict__})
     assert parse([line, "torn {", '{"step": "x"}']) == [note]
+
+
+def test_a_one_file_checkpoints_shapes_are_checked_against_into() -> None:
+    import torch
+
+    from hpclaunch.checkpoint.loading import shape_mismatch
+
+    saved = {"model": {"w": torch.zeros(3, 4)}, "optimizer": {"state": {0: {"m": torch.zeros(3)}}}}
+    same = {"model": {"w": torch.ones(3, 4)}, "optimizer": {"state": {0: {"m": torch.ones(3)}}}}
+    assert shape_mismatch(saved, same) is None
+    assert shape_mismatch(saved, {"model": {}}) is None  # into need not hold it all
+    wider = {"model": {"w": torch.zeros(5, 4)}}
+    assert shape_mismatch(saved, wider) == (
+        "Size mismatch between saved (3, 4) and current (5, 4) for model.w"
+    )
+    moments = {"optimizer": {"state": {0: {"m": torch.zeros(4)}}}}
+    assert shape_mismatch(saved, moments) == (
+        "Size mismatch between saved (3,) and current (4,) for optimizer.state.0.m"
+    )
