@@ -165,6 +165,8 @@ def test_prune_takes_a_one_file_checkpoints_manifest_and_orphans(tmp_path: Path)
         manifest.sidecar(path).write_text("{}")
     # A save killed between its manifest and the rename of its file.
     manifest.sidecar(store.path_for(tmp_path, 4)).write_text("{}")
+    # One killed while it wrote its manifest.
+    (tmp_path / ".step-000000000005.pt.manifest.json.tmp-99").write_text("{")
     store.prune(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "step-000000000002.pt",
