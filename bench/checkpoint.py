@@ -307,7 +307,7 @@ def report(args: argparse.Namespace, results: dict, records: list[dict], local_r
     print(
         f"manifest (CRC-32 of every file): {sums:.3f} s of the blocking save's "
         f"{med['blocking save']:.3f} s ({sums / med['blocking save']:.1%}), "
-        f"{mb / sums:.0f} MB/s per rank pair; its check at load "
+        f"{mb / sums:.0f} MB/s, the ranks summing at once; its check at load "
         f"{med['manifest: check at load (cache dropped)']:.3f} s"
     )
     save = mb / med["blocking save"]
