@@ -50,9 +50,7 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(tmp_path: Path) -> 
             # Wait until a checkpoint exists and the next one is half written.
             def mid_write() -> bool:
                 names = os.listdir(tmp_path)
-                return any(n.startswith("step-") for n in names) and any(
-                    ".tmp-" in n for n in names
-                )
+                return any(NAME.match(n) for n in names) and any(".tmp-" in n for n in names)
 
             wait_for(mid_write, timeout_s=60, what="a save in progress")
             os.kill(writer.pid, signal.SIGKILL)
