@@ -149,6 +149,8 @@ def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
             )
     except ManifestError as exc:
         error = exc
+    except Exception as exc:  # a rank that raised past the agreement below would hang the rest
+        error = ManifestError(Problem.UNREADABLE, None, f"checking it failed: {exc!r}")
     failed_on = ranks.first_true(error is not None)
     if failed_on is None:
         return ranks.from_rank0(int(found is not None)) == 1
