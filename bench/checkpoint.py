@@ -10,7 +10,12 @@ uncounted round warms the caches; then each of --runs rounds (default 3) times:
 - dd: `dd if=/dev/zero bs=1M conv=fsync` of the checkpoint's size into --dir (buffered
   writes and an fsync, as torch's writer with sync_files=True), by one writer, then by
   two at once (one per rank, half each: the save's pattern);
-- a blocking `checkpoint.save(state, step)`, from the call to its return;
+- a blocking `checkpoint.save(state, step)`, from the call to its return (its manifest
+  included);
+- the manifest's part of it: each rank's CRC-32 of the files it wrote, the page cache
+  still warm as the save leaves it; and its check at load: each rank its share of the
+  files, the cache dropped, as `load_latest` reads them before it trusts them (its
+  restart figures below include that check);
 - `save(..., asynchronous=True)`: until it returns (staging), and until `wait()`,
   called at once, returns (committed);
 - restart from the shared folder: the state zeroed in place (as a fresh process's),
@@ -60,7 +65,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.utils._pytree import tree_leaves
 
     from hpclaunch import checkpoint
-    from hpclaunch.checkpoint import local, store
+    from hpclaunch.checkpoint import local, manifest, store
     from hpclaunch.checkpoint.group import Ranks
 
     dist.init_process_group("gloo")
@@ -115,6 +120,21 @@ def worker(args: argparse.Namespace) -> None:
         action()
         return reduce(time.monotonic() - start)
 
+    def manifest_costs(step: int) -> tuple[float, float]:
+        """(sums at save, warm cache; check at load, cold cache), the slowest rank's."""
+        path = store.path_for(folder, step, sharded=True)
+        written = manifest.read(manifest.location(path))
+        if written is None:
+            raise RuntimeError(f"{path} has no manifest")
+        mine = [f for f in written.files if f.startswith(f"__{rank}_")]
+        mine += [".metadata"] if rank == 0 else []  # rank 0 sums DCP's metadata
+        dist.barrier()
+        start = time.monotonic()
+        manifest.sums(path, mine)
+        at_save = reduce(time.monotonic() - start)
+        share = manifest.share_of(written, rank, world)
+        return at_save, clock(lambda: manifest.check_sums(written, path, share))
+
     def dd(writers: int) -> float:
         target = out / f"dd-{rank}.bin"
         count = math.ceil(size / 2**20 / writers)
@@ -158,6 +178,9 @@ def worker(args: argparse.Namespace) -> None:
         step = 3 * (run + 1)
         found = {"dd conv=fsync, 1 writer": dd(1), "dd conv=fsync, 2 writers at once": dd(2)}
         found["blocking save"] = clock(lambda s=step: checkpoint.save(state(), s, folder=folder))
+        at_save, at_load = manifest_costs(step)
+        found["manifest: sums at save (of the blocking save)"] = at_save
+        found["manifest: check at load (cache dropped)"] = at_load
         train_step()
         expected = digest()
         settle()
@@ -279,6 +302,13 @@ def report(args: argparse.Namespace, results: dict, records: list[dict], local_r
         f"\nasync save blocks {blocked:.1%} of the blocking save (target <= 10 %: "
         f"{'met' if blocked <= 0.10 else 'missed'}); the job's first async save (warm-up "
         f"round: staging buffers allocated) blocked {results['cold_blocked']:.3f} s"
+    )
+    sums = med["manifest: sums at save (of the blocking save)"]
+    print(
+        f"manifest (CRC-32 of every file): {sums:.3f} s of the blocking save's "
+        f"{med['blocking save']:.3f} s ({sums / med['blocking save']:.1%}), "
+        f"{mb / sums:.0f} MB/s, the ranks summing at once; its check at load "
+        f"{med['manifest: check at load (cache dropped)']:.3f} s"
     )
     save = mb / med["blocking save"]
     for writers in ("1 writer", "2 writers at once"):

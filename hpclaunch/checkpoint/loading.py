@@ -1,5 +1,6 @@
 """``load_latest``: the newest committed checkpoint every rank can load, in either
-form. A committed checkpoint that fails to load (truncated, bit rot, wrong shapes)
+form. A committed checkpoint that fails its manifest (bit rot, truncated, another
+step's under its name, a newer layout) or fails to load (wrong shapes)
 is named on stderr and the previous one is tried; once an older one loads, the ones
 that failed are renamed ``step-N.damaged`` out of the committed set, so a job never
 loops on a bad checkpoint. When none loads, nothing is renamed and the error names
@@ -11,16 +12,18 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpclaunch import progress
-from hpclaunch.checkpoint import local, saving, store
+from hpclaunch.checkpoint import local, manifest, saving, store
 from hpclaunch.checkpoint.group import Ranks
+from hpclaunch.checkpoint.manifest import ManifestError, Problem
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
-from hpclaunch.jobdir import saves
+from hpclaunch.jobdir import saves, set_aside
 from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 
@@ -40,6 +43,16 @@ class Loaded:
     step: int
     state: Any
     path: Path
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A checkpoint that failed to verify or load, newer than the one tried next."""
+
+    checkpoint: Checkpoint
+    why: str  # what rank 0 knows of the failure, one line
+    problem: Problem
+    file: str | None = None
 
 
 class CheckpointMismatch(CheckpointError):
@@ -62,7 +75,9 @@ def load_latest(
     A sharded checkpoint loads into ``into``, in place, resharded to this job's ranks
     (so ``into`` is required for it: the state as the training built it, with the
     same keys as the saved one). A one-file checkpoint is returned as saved
-    (``into`` is not needed). A checkpoint that fails to load is set aside once an
+    (``into`` is not needed; given, each saved tensor's shape is checked against the
+    one at its key in ``into``). Each checkpoint is first checked against its manifest
+    (hpclaunch.checkpoint.manifest). A checkpoint that fails to load is set aside once an
     older one has loaded (which shows that the loading itself works); when none
     loads, nothing is renamed and CheckpointError names each failure. Raises
     CheckpointError too when the folder is unusable or ``into`` does not fit.
@@ -72,9 +87,9 @@ def load_latest(
     saving.wait()
     ranks = Ranks.now()
     root = store.directory(folder)
-    failed: list[tuple[Checkpoint, str]] = []  # newer than the one being tried
+    failed: list[_Failed] = []  # newer than the one being tried
     while True:
-        below = failed[-1][0].step if failed else None
+        below = failed[-1].checkpoint.step if failed else None
         found = _committed(root, below) if ranks.rank == 0 else []
         step = ranks.from_rank0(found[-1].step if found else -1)
         if step < 0:
@@ -86,20 +101,76 @@ def load_latest(
         chosen = Checkpoint(step, store.path_for(root, step, sharded=sharded))
         error: BaseException | None = None
         try:
-            state = _load(chosen, into, map_location, weights_only, ranks)
+            # Node-local copies, when every rank has one, are what is read: the shared
+            # files are then not (their sums would cost the read the copies save).
+            near = chosen.sharded and into is not None and local.available(step, ranks)
+            checked = _verify(chosen, ranks, files=not near)  # raises on all ranks or none
+            state = _load(chosen, into, map_location, weights_only, ranks, near)
         except (CheckpointMismatch, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
             error = exc
         failed_on = ranks.first_true(error is not None)
         if failed_on is None:
+            if not checked and ranks.rank == 0:
+                _say(
+                    f"{chosen.path} has no manifest (saved before hpclaunch wrote them): "
+                    "loaded unverified"
+                )
             _set_aside(failed, chosen, ranks)
             _tell_progress(step, ranks)
             return Loaded(step, state, chosen.path)
+        if isinstance(error, ManifestError):  # the same on every rank
+            why = f"step {step}: {_problem(error)}: {error}"
+            failed.append(_Failed(chosen, why, error.problem, error.file))
+            continue
         if error is not None:
             _say(f"{chosen.path} cannot be loaded on rank {ranks.rank} ({store.reason_of(error)})")
         why = store.reason_of(error) if error is not None else f"see rank {failed_on}'s log"
-        failed.append((chosen, f"rank {failed_on}: {why}"))
+        failed.append(_Failed(chosen, f"rank {failed_on}: {why}", Problem.LOAD))
+
+
+def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
+    """Check ``chosen`` against its manifest: the step and the layout, then, with
+    ``files``, each file's size (every rank, cheap) and checksum (each rank its share,
+    so that the checkpoint is read once). Every rank raises the same ManifestError, or
+    none does: the ranks agree before any other collective. False: there is no manifest
+    (a checkpoint saved before hpclaunch wrote them), nothing was checked."""
+    error: ManifestError | None = None
+    found: manifest.Manifest | None = None
+    try:
+        found = manifest.read(manifest.location(chosen.path))
+        if found is not None and not files:
+            manifest.check_step(found, chosen.step)
+        elif found is not None:
+            manifest.check(found, chosen.path, chosen.step)
+            manifest.check_sums(
+                found, chosen.path, manifest.share_of(found, ranks.rank, ranks.world)
+            )
+    except ManifestError as exc:
+        error = exc
+    except Exception as exc:  # a rank that raised past the agreement below would hang the rest
+        error = ManifestError(Problem.UNREADABLE, None, f"checking it failed: {exc!r}")
+    failed_on = ranks.first_true(error is not None)
+    if failed_on is None:
+        return ranks.from_rank0(int(found is not None)) == 1
+    # The failing rank tells the others how (the problem, the file by its place in the
+    # manifest), so that rank 0 names it on stderr and in the job folder.
+    problems = list(Problem)
+    names = list(found.files) if found is not None else []
+    mine = error.file if error is not None else None
+    problem = problems[ranks.from_rank(failed_on, problems.index(error.problem) if error else 0)]
+    index = ranks.from_rank(failed_on, names.index(mine) if mine in names else -1)
+    file = names[index] if 0 <= index < len(names) else None
+    if error is not None and failed_on == ranks.rank:
+        if ranks.rank != 0:  # rank 0 names the checkpoint; what this rank found is here
+            _say(f"{chosen.path} fails its manifest on rank {ranks.rank}: {error}")
+        raise error
+    raise ManifestError(problem, file, f"found by rank {failed_on} (its log says more)")
+
+
+def _problem(error: ManifestError) -> str:
+    return f"{error.problem.value} in {error.file}" if error.file else error.problem.value
 
 
 def _tell_progress(step: int, ranks: Ranks) -> None:
@@ -131,12 +202,12 @@ def _committed(root: Path, below: int | None) -> list[Checkpoint]:
     return [c for c in store.complete(root) if below is None or c.step < below]
 
 
-def _refuse_none_left(root: Path, failed: list[tuple[Checkpoint, str]]) -> None:
+def _refuse_none_left(root: Path, failed: list[_Failed]) -> None:
     """No committed checkpoint (left to try) is a fresh start, unless one failed or an
     earlier run set some aside: then starting from step 0 would lose work without a
     word, so this raises."""
     if failed:
-        tried = "; ".join(f"{c.path.name} ({why})" for c, why in failed)
+        tried = "; ".join(f"{f.checkpoint.path.name} ({f.why})" for f in failed)
         raise CheckpointError(
             f"no checkpoint in {root} can be loaded: {tried}. Nothing was renamed, since "
             "none loads: when the script changed (the state given to into=, weights_only), "
@@ -157,11 +228,16 @@ def _load(
     map_location: Any,
     weights_only: bool,
     ranks: Ranks,
+    near: bool,
 ) -> Any:
     import torch
 
     if not chosen.sharded:
-        return torch.load(chosen.path, map_location=map_location, weights_only=weights_only)
+        state = torch.load(chosen.path, map_location=map_location, weights_only=weights_only)
+        wrong = shape_mismatch(state, into) if into is not None else None
+        if wrong:  # as DCP says it for a sharded one: a damaged checkpoint, the previous next
+            raise ValueError(wrong)
+        return state
     if into is None:
         raise CheckpointMismatch(
             f"{chosen.path} is a sharded checkpoint: pass the state to load it into, "
@@ -169,10 +245,36 @@ def _load(
         )
     # DCP replaces the top level's non-tensor values in the dict it is given: give it
     # the caller's own, so that ``into`` holds what was loaded, as documented.
-    return _load_sharded(chosen, into if isinstance(into, dict) else dict(into), ranks)
+    return _load_sharded(chosen, into if isinstance(into, dict) else dict(into), ranks, near)
 
 
-def _load_sharded(chosen: Checkpoint, into: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
+def shape_mismatch(saved: Any, into: Any, key: str = "") -> str | None:
+    """The first tensor of ``saved`` whose shape differs from the one at its key in
+    ``into`` (nested dicts and lists, keys joined by dots); None when none does. A key
+    only one of them has is not looked at: ``into`` need not hold all of a one-file
+    checkpoint."""
+    if isinstance(saved, Mapping) and isinstance(into, Mapping):
+        pairs = [(k, saved[k], into[k]) for k in saved if k in into]
+    elif isinstance(saved, list | tuple) and isinstance(into, list | tuple):
+        pairs = list(zip(range(len(saved)), saved, into, strict=False))
+    else:
+        want, found = getattr(into, "shape", None), getattr(saved, "shape", None)
+        if want is None or found is None or tuple(want) == tuple(found):
+            return None
+        return (
+            f"Size mismatch between saved {tuple(found)} and current {tuple(want)} for "
+            f"{key or 'the state'}"
+        )
+    for name, inner_saved, inner_into in pairs:
+        found_here = shape_mismatch(inner_saved, inner_into, f"{key}.{name}" if key else str(name))
+        if found_here:
+            return found_here
+    return None
+
+
+def _load_sharded(
+    chosen: Checkpoint, into: dict[str, Any], ranks: Ranks, near: bool
+) -> dict[str, Any]:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
@@ -184,7 +286,7 @@ def _load_sharded(chosen: Checkpoint, into: dict[str, Any], ranks: Ranks) -> dic
             f"load_latest(into=...) lacks, such as {', '.join(left_out[:3])}: they would not "
             f"be restored; {_SHARDED_HELP}"
         )
-    if local.available(chosen.step, ranks) and _from_local(into, chosen.step, ranks):
+    if near and _from_local(into, chosen.step, ranks):
         return into
     dcp_load(into, storage_reader=reader, process_group=ranks.pg, no_dist=ranks.alone)
     return into
@@ -247,21 +349,40 @@ def _from_local(into: dict[str, Any], step: int, ranks: Ranks) -> bool:
     return True
 
 
-def _set_aside(failed: list[tuple[Checkpoint, str]], loaded: Checkpoint, ranks: Ranks) -> None:
+def _set_aside(failed: list[_Failed], loaded: Checkpoint, ranks: Ranks) -> None:
     """An older checkpoint loaded, so the newer ones that failed are damaged: rank 0
-    renames them out of the committed set, so that no later run tries them again."""
+    renames them out of the committed set, so that no later run tries them again, and
+    notes each in the job folder for ``hpclaunch status``."""
     if ranks.rank != 0:
         return
-    for damaged, why in failed:
+    for bad in failed:
+        damaged = bad.checkpoint
         try:
             target = store.set_aside(damaged)
         except OSError as exc:
-            _say(f"{damaged.path} failed to load ({why}) and could not be renamed: {exc}")
+            _say(f"{damaged.path} failed to load ({bad.why}) and could not be renamed: {exc}")
             continue
         _say(
-            f"{damaged.path} failed to load ({why}): set aside as {target.name}; "
+            f"{damaged.path} failed to load ({bad.why}): set aside as {target.name}; "
             f"resumed from {loaded.path.name}"
         )
+        reason = bad.why.splitlines()[0][:300] if bad.why else ""
+        _note(
+            set_aside.SetAside(
+                damaged.step, bad.problem.value, bad.file, reason, str(target), time.time()
+            )
+        )
+
+
+def _note(record: set_aside.SetAside, env: Mapping[str, str] = os.environ) -> None:
+    """Into the job folder, when the job has one (hpclaunch's agent says where)."""
+    job_dir = env.get(JOB_DIR_VAR, "").strip()
+    if not job_dir:
+        return
+    try:
+        set_aside.append(JobFolder(Path(job_dir)).set_aside, record)
+    except OSError as exc:
+        _say(f"cannot note in {job_dir} that step {record.step} was set aside: {exc}")
 
 
 def _say(message: str) -> None:

@@ -27,15 +27,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from hpclaunch import progress
-from hpclaunch.checkpoint import local, store
+from hpclaunch.checkpoint import local, manifest, store
 from hpclaunch.checkpoint.group import Ranks, attempt_tag
 from hpclaunch.checkpoint.state import find_sharded
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves
 from hpclaunch.jobdir.atomic import fsync_folder, write_atomic
+from hpclaunch.jobdir.checkpoint_folder import METADATA
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 
 if TYPE_CHECKING:  # the login node's `hpclaunch status` imports this package
@@ -202,7 +203,7 @@ def save(
     keep_local = local.root(ranks) if local_copy else None  # raises before any write
     final = store.path_for(root, step, sharded=as_shards)
     writer = _sharded_writer if as_shards else _single_writer
-    data, write = writer(state, final, asynchronous, ranks)
+    data, write = writer(state, step, final, asynchronous, ranks)
     job = _Save(step, final, keep_last, ranks, data, write, keep_local, asynchronous, started)
     if ranks.rank == 0:  # the one that writes the save's record
         job.steps_done = progress.steps_done()
@@ -282,7 +283,7 @@ def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
 
 
 def _single_writer(
-    state: Mapping[str, Any], final: Path, asynchronous: bool, ranks: Ranks
+    state: Mapping[str, Any], step: int, final: Path, asynchronous: bool, ranks: Ranks
 ) -> tuple[dict[str, Any], Callable[[], bool]]:
     import torch
 
@@ -290,8 +291,17 @@ def _single_writer(
         return {}, lambda: False
     data = _saver.stage(state) if asynchronous else dict(state)
 
+    def save_summed(handle: IO[bytes]) -> None:
+        torch.save(data, handle)
+        handle.flush()
+        # The manifest goes beside the file before the rename that commits the file:
+        # a committed one-file checkpoint always has its manifest.
+        files = {final.name: manifest.checksum(Path(handle.name))}
+        written = manifest.Manifest(step, ranks.world, manifest.LAYOUT, files)
+        manifest.write(manifest.sidecar(final), written)
+
     def write() -> bool:
-        if write_atomic(final, lambda handle: torch.save(data, handle)):
+        if write_atomic(final, save_summed):
             return True
         log.warning("%s exists already and was kept; save each step once", final)
         return False
@@ -300,9 +310,8 @@ def _single_writer(
 
 
 def _sharded_writer(
-    state: Mapping[str, Any], final: Path, asynchronous: bool, ranks: Ranks
+    state: Mapping[str, Any], step: int, final: Path, asynchronous: bool, ranks: Ranks
 ) -> tuple[dict[str, Any], Callable[[], bool]]:
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     temp = store.temp_for(final, attempt_tag())
@@ -315,7 +324,7 @@ def _sharded_writer(
     # rank's fresh folder must not be removed (or be half seen) by rank 0.
     ranks.first_true(False)
     data = _saver.stage(state) if asynchronous else dict(state)
-    writer = FileSystemWriter(temp, sync_files=True)
+    writer = _summing_writer(temp, ranks.rank)
 
     def write() -> bool:
         what = f"the save of {final.name}"
@@ -326,16 +335,39 @@ def _sharded_writer(
         ranks.check_alive(what)
         if ranks.rank != 0:
             return False
-        fsync_folder(temp)
         if final.exists():
             log.warning("%s exists already and was kept; save each step once", final)
             store.remove(temp)
             return False
+        # Every rank's part is in: DCP gathered their write results (after each wrote
+        # its part) before rank 0 wrote the metadata. The manifest is in before the
+        # rename that commits.
+        files = manifest.merge_parts(temp, ranks.world)
+        files.update(manifest.sums(temp, [METADATA]))
+        written = manifest.Manifest(step, ranks.world, manifest.LAYOUT, files)
+        manifest.write(temp / manifest.NAME, written)
+        fsync_folder(temp)
         os.replace(temp, final)
         fsync_folder(final.parent)
         return True
 
     return data, write
+
+
+def _summing_writer(temp: Path, rank: int) -> Any:
+    """torch's FileSystemWriter that, once this rank's files are written and fsynced,
+    sums them into this rank's part of the manifest (before DCP gathers the ranks'
+    write results, so that rank 0 finds every part after that gather)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    class SummingWriter(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            future = super().write_data(plan, planner)
+            names = {result.storage_data.relative_path for result in future.wait()}
+            manifest.write_part(temp, rank, manifest.sums(temp, names))
+            return future
+
+    return SummingWriter(temp, sync_files=True)
 
 
 def _note(record: saves.SaveRecord) -> None:

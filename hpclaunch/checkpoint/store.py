@@ -10,9 +10,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpclaunch.checkpoint.manifest import SIDECAR_SUFFIX, sidecar
 from hpclaunch.contract import worker_env
 from hpclaunch.errors import HpclaunchError
-from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX, TEMP, scan
+from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX, NAME, TEMP, scan
 
 ENV_VAR = worker_env.CHECKPOINT_DIR
 DEFAULT_KEEP_LAST = 2
@@ -129,7 +130,16 @@ def prune(folder: Path, keep_last: int) -> list[Path]:
         going = path.with_name(f".{path.name}.deleting-{os.getpid()}")
         os.replace(path, going)
         remove(going)
-    leftovers = [Path(e.path) for e in os.scandir(folder) if TEMP.match(e.name)]
+    # A one-file checkpoint's manifest goes with it; one without its file is what a
+    # save killed between the two renames left.
+    manifests = [
+        Path(e.path)
+        for e in os.scandir(folder)
+        if e.name.endswith(SIDECAR_SUFFIX)
+        and NAME.match(e.name.removesuffix(SIDECAR_SUFFIX))
+        and not os.path.exists(e.path.removesuffix(SIDECAR_SUFFIX))
+    ]
+    leftovers = manifests + [Path(e.path) for e in os.scandir(folder) if TEMP.match(e.name)]
     for path in leftovers:
         remove(path)
     return old + leftovers
@@ -141,6 +151,8 @@ def set_aside(checkpoint: Checkpoint) -> Path:
     target = checkpoint.path.with_name(checkpoint.path.name + DAMAGED_SUFFIX)
     remove(target)
     os.replace(checkpoint.path, target)
+    if not checkpoint.sharded and sidecar(checkpoint.path).exists():
+        os.replace(sidecar(checkpoint.path), sidecar(target))
     return target
 
 

@@ -3,8 +3,10 @@ save and load through ``hpclaunch.checkpoint``, and ``hpclaunch status`` (throug
 ``hpclaunch.record``) lists the folder with ``scan``.
 
     step-000000000042.pt          one file: global rank 0's state (replicated, DDP)
+    step-000000000042.pt.manifest.json   its manifest (hpclaunch.checkpoint.manifest)
     step-000000000042/            one folder: every rank's shards (torch's distributed
         .metadata                 checkpoint), committed as a whole
+        hpclaunch-manifest.json   its manifest
     .step-000000000043.tmp-TAG[/] a save in progress, or one killed mid-write
     step-000000000041.damaged[/]  a committed checkpoint that failed to load
     lightning/step-000000000030.ckpt   hpclaunch.frameworks.lightning's, by global step
@@ -22,7 +24,8 @@ from pathlib import Path
 
 METADATA = ".metadata"  # what torch's distributed checkpoint writes last
 NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
-TEMP = re.compile(r"^\.step-\d{12}(\.pt)?\.(tmp|deleting)-[\w.-]+$")
+# A one-file checkpoint's manifest is written as .step-N.pt.manifest.json.tmp-PID.
+TEMP = re.compile(r"^\.step-\d{12}(\.pt)?(\.manifest\.json)?\.(tmp|deleting)-[\w.-]+$")
 DAMAGED_SUFFIX = ".damaged"
 # Lightning's checkpoints, as hpclaunch.frameworks.lightning commits them (by rename)
 # into this subfolder of the checkpoint folder: step-<global step, 12 digits>.ckpt.

@@ -12,6 +12,7 @@ wrote must still be read, so tests pin each one.
         cancelled                             `hpclaunch cancel`'s note to the supervisor
         checkpoints/                          HPCLAUNCH_CHECKPOINT_DIR, unless given
         checkpoint-saves.jsonl                each save's times (hpclaunch.jobdir.saves)
+        checkpoints-set-aside.jsonl           checkpoints that failed to load (set_aside)
         logs/requeue-Q/step-S/attempt-A/      one attempt's rank logs:
             rank-R.out  rank-R.err  rank-R.json   stdout, stderr, torch's error file
             node-NAME.ranks                   the global ranks node NAME ran (JSON)
@@ -51,6 +52,7 @@ SCRIPT = "job.sbatch"
 HISTORY = "history.json"
 CANCELLED = "cancelled"
 SAVES = "checkpoint-saves.jsonl"
+SET_ASIDE = "checkpoints-set-aside.jsonl"
 LOGS = "logs"
 FAILURES = "failures"
 LOCAL_REQUEUES = "local-requeues"
@@ -157,6 +159,11 @@ class JobFolder:
     def saves(self) -> Path:
         """Global rank 0's note of each checkpoint save: its times and size."""
         return self.root / SAVES
+
+    @property
+    def set_aside(self) -> Path:
+        """Global rank 0's note of each checkpoint it set aside, and why."""
+        return self.root / SET_ASIDE
 
     @property
     def logs(self) -> Path:

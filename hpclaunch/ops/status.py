@@ -449,10 +449,16 @@ def _saves(record: JobRecord, status: JobStatus) -> None:
     warning = checkpoints.lead_warning(slowest, lead) if slowest and lead else None
     if warning:
         status.notes.append(warning)
-    if record.checkpoints.damaged:
+    named = set()
+    for aside in record.set_aside:
+        status.notes.append(aside.describe())
+        named.add(Path(aside.renamed_to).name)
+    # Set aside by an hpclaunch that noted no reason, or by hand.
+    unnamed = [name for name in record.checkpoints.damaged if name not in named]
+    if unnamed:
         status.notes.append(
             f"set aside as damaged (failed to load; the previous checkpoint was used): "
-            f"{', '.join(record.checkpoints.damaged)} in {record.checkpoint_dir}"
+            f"{', '.join(unnamed)} in {record.checkpoint_dir}"
         )
 
 

@@ -27,6 +27,7 @@ from hpclaunch.jobdir import (
     hangs,
     progress_notes,
     saves,
+    set_aside,
     silent_agents,
 )
 from hpclaunch.jobdir.agent_ends import AgentEnd
@@ -47,6 +48,7 @@ from hpclaunch.jobdir.layout import (
 )
 from hpclaunch.jobdir.progress_notes import NodeProgress
 from hpclaunch.jobdir.saves import SaveRecord
+from hpclaunch.jobdir.set_aside import SetAside
 from hpclaunch.jobdir.silent_agents import SilentAgent
 
 T = TypeVar("T")
@@ -93,6 +95,7 @@ class JobRecord:
     checkpoints: Listing = field(default_factory=Listing)
     found: Search = field(default_factory=Search)  # what --checkpoint-pattern matches
     notes: tuple[str, ...] = ()  # what could not be read
+    set_aside: tuple[SetAside, ...] = ()  # checkpoints load_latest set aside, and why
 
     @classmethod
     def read(cls, root: Path, job_id: int) -> JobRecord:
@@ -124,6 +127,7 @@ class JobRecord:
             listing,
             search,
             tuple(notes),
+            tuple(set_aside.read(folder.set_aside)),
         )
 
     def run(self, requeue: int) -> RunRecord:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.jobdir.checkpoint_folder import NAME, TEMP
 from tests.integration.helpers import base_env, wait_for
 
 pytestmark = pytest.mark.integration
@@ -49,9 +50,7 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(tmp_path: Path) -> 
             # Wait until a checkpoint exists and the next one is half written.
             def mid_write() -> bool:
                 names = os.listdir(tmp_path)
-                return any(n.startswith("step-") for n in names) and any(
-                    ".tmp-" in n for n in names
-                )
+                return any(NAME.match(n) for n in names) and any(".tmp-" in n for n in names)
 
             wait_for(mid_write, timeout_s=60, what="a save in progress")
             os.kill(writer.pid, signal.SIGKILL)
@@ -60,8 +59,10 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(tmp_path: Path) -> 
             writer.kill()
     assert writer.returncode == -signal.SIGKILL
     leftovers = [n for n in os.listdir(tmp_path) if ".tmp-" in n]
-    assert len(leftovers) == 1, os.listdir(tmp_path)  # the killed writer's temporary file
-    complete = sorted(n for n in os.listdir(tmp_path) if n.startswith("step-"))
+    # The killed writer's temporary file (and its manifest's, when killed writing that).
+    assert 1 <= len(leftovers) <= 2, os.listdir(tmp_path)
+    assert all(TEMP.match(n) for n in leftovers), leftovers
+    complete = sorted(n for n in os.listdir(tmp_path) if NAME.match(n))
     newest = int(complete[-1][len("step-") : -len(".pt")])
 
     argv, env = python(RESUMER, str(tmp_path))
@@ -70,4 +71,8 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(tmp_path: Path) -> 
     assert int(resumed.stdout) == newest  # resumed from the newest complete checkpoint
     names = sorted(os.listdir(tmp_path))
     assert not [n for n in names if ".tmp-" in n]  # the dead writer's file is gone
-    assert names[-1] == f"step-{newest + 1:012d}.pt"
+    assert [n for n in names if NAME.match(n)][-1] == f"step-{newest + 1:012d}.pt"
+    # Each committed one has its manifest; the killed save's is not left behind.
+    assert [n for n in names if not NAME.match(n)] == [
+        f"{n}.manifest.json" for n in names if NAME.match(n)
+    ]

@@ -86,13 +86,16 @@ os._exit(0)
 """
 
 
-def torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    tmp_path: Path, nproc: int, *args: str, job_dir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = base_env(
         PYTHONWARNINGS="ignore::UserWarning",
         OMP_NUM_THREADS="1",
         HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(tmp_path / "node-local"),
+        **({"HPCLAUNCH_JOB_DIR": str(job_dir)} if job_dir else {}),
     )
     done = subprocess.run(
         [
@@ -138,8 +141,15 @@ def _equal(root: Path, out: Path) -> None:
 def test_four_ranks_save_committed_folders_only(saved: Path) -> None:
     names = sorted(p.name for p in (saved / "ckpt").iterdir())
     assert names == ["step-000000000001", "step-000000000002"]
-    files = sorted(p.name for p in (saved / "ckpt" / "step-000000000002").iterdir())
-    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    latest = saved / "ckpt" / "step-000000000002"
+    files = sorted(p.name for p in latest.iterdir())
+    data = [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    assert files == [*data, "hpclaunch-manifest.json"]  # the ranks' parts merged into it
+    # Each rank summed the shards it wrote, rank 0 the metadata: every file is covered.
+    written = json.loads((latest / "hpclaunch-manifest.json").read_text())
+    assert (written["step"], written["world"], written["layout"]) == (2, 4, 1)
+    assert sorted(written["files"]) == data
+    assert all(written["files"][f]["bytes"] == (latest / f).stat().st_size for f in data)
 
 
 @pytest.mark.parametrize("ranks", [4, 3, 2])
@@ -171,6 +181,98 @@ def test_node_local_copies_serve_the_same_ranks_only(saved: Path, tmp_path: Path
     partial = torchrun(tmp_path, 4, "load", str(saved / "ckpt"), str(tmp_path))
     assert "node-local" not in partial.stderr
     _equal(saved, tmp_path)
+
+
+def _flip_a_byte(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(path.stat().st_size // 2)  # in the tensor data, past DCP's header
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+
+def _rename_older_over(folder: Path) -> None:
+    newest = folder / "step-000000000002"
+    shutil.rmtree(newest)
+    shutil.copytree(folder / "step-000000000001", newest)
+
+
+def _newer_layout(folder: Path) -> None:
+    where = folder / "step-000000000002" / "hpclaunch-manifest.json"
+    where.write_text(where.read_text().replace('"layout": 1', '"layout": 2'))
+
+
+# Loaded by 2 ranks, the files are summed: rank 0 .metadata, __1_0 and __3_0, rank 1
+# __0_0 and __2_0 (every second file, by name): __2_0's flip is found by rank 1 only.
+DAMAGE = {
+    "byte flipped": (
+        lambda f: _flip_a_byte(f / "step-000000000002" / "__2_0.distcp"),
+        "checksum mismatch in __2_0.distcp: found by rank 1 (its log says more)",
+    ),
+    "step 1 under step 2's name": (
+        _rename_older_over,
+        "step mismatch: its manifest says step 1, its name step 2: another step's "
+        "checkpoint under this name",
+    ),
+    "newer layout": (_newer_layout, "newer layout: "),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_checkpoint_that_fails_its_manifest_is_set_aside_and_the_previous_one_used(
+    saved: Path, tmp_path: Path, damage: str
+) -> None:
+    """Every rank agrees on the verdict (rank 1 found the flip; rank 0 names it), step 1
+    is loaded with every tensor as saved, step 2 is set aside with a note for status."""
+    folder, job = tmp_path / "ckpt", tmp_path / "job"
+    shutil.copytree(saved / "ckpt", folder)
+    job.mkdir()
+    change, problem = DAMAGE[damage]
+    change(folder)
+    done = torchrun(tmp_path, 2, "load", str(folder), str(tmp_path), job_dir=job)
+    assert loaded_line(done) == {"step": 1, "meta": {"step": 1, "world": 4}}
+    bad = folder / "step-000000000002"
+    line = f"hpclaunch checkpoint: {bad} failed to load (step 2: {problem}"
+    assert line in done.stderr, done.stderr
+    assert "set aside as step-000000000002.damaged; resumed from step-000000000001\n" in (
+        done.stderr
+    )
+    # One line names it; where rank 1 found the damage, rank 1 says what it found.
+    said = sorted(x for x in done.stderr.splitlines() if "step-000000000002" in x)
+    assert said[0].startswith(line)
+    if damage == "byte flipped":
+        assert len(said) == 2
+        assert said[1].startswith(
+            f"hpclaunch checkpoint: {bad} fails its manifest on rank 1: {bad / '__2_0.distcp'}: "
+            "crc32 "
+        )
+        assert " its manifest says " in said[1]
+    else:
+        assert len(said) == 1
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step-000000000001",
+        "step-000000000002.damaged",
+    ]
+    [note] = [json.loads(x) for x in (job / "checkpoints-set-aside.jsonl").read_text().splitlines()]
+    assert (note["step"], note["renamed_to"]) == (2, str(folder / "step-000000000002.damaged"))
+    assert problem.startswith(note["problem"])
+
+
+def test_a_checkpoint_saved_before_manifests_loads_said_unverified(
+    saved: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    shutil.copytree(saved / "ckpt", folder)
+    for step in (1, 2):
+        (folder / f"step-{step:012d}" / "hpclaunch-manifest.json").unlink()
+    done = torchrun(tmp_path, 2, "load", str(folder), str(tmp_path))
+    assert loaded_line(done) == {"step": 2, "meta": {"step": 2, "world": 4}}
+    _equal(saved, tmp_path)
+    said = (
+        f"hpclaunch checkpoint: {folder / 'step-000000000002'} has no manifest (saved before "
+        "hpclaunch wrote them): loaded unverified\n"
+    )
+    assert done.stderr.count(said) == 1 and "set aside" not in done.stderr
 
 
 # One process, one rank (FSDP2 still gives DTensors): what is refused, and damage.
@@ -231,6 +333,21 @@ for step in (0, 1):
 os.truncate(os.path.join(single, "step-000000000001.pt"), 100)
 resumed = checkpoint.load_latest(single)
 out["one_file_loaded"] = [resumed.step, resumed.state["x"][0].item()]
+# A one-file checkpoint with a byte flipped in its tensor data: its manifest tells.
+flipped = folder + "-one-file-flipped"
+for step in (0, 1):
+    checkpoint.save({"x": torch.full((1000,), float(step))}, step, folder=flipped)
+with open(os.path.join(flipped, "step-000000000001.pt"), "r+b") as handle:
+    handle.seek(-2000, os.SEEK_END)  # in the tensor's bytes, before the zip's directory
+    byte = handle.read(1)
+    handle.seek(-1, os.SEEK_CUR)
+    handle.write(bytes([byte[0] ^ 1]))
+out["flipped_loaded"] = checkpoint.load_latest(flipped).step
+# The newest saved with other shapes than the script's: given into=, it is not taken.
+shapes = folder + "-one-file-shapes"
+checkpoint.save({"x": torch.zeros(1000)}, 0, folder=shapes)
+checkpoint.save({"x": torch.zeros(999)}, 1, folder=shapes)
+out["shapes_loaded"] = checkpoint.load_latest(shapes, into={"x": torch.ones(1000)}).step
 # 256 MB more: its write is still going on when the script ends, without wait().
 checkpoint.save({**state(), "big": torch.ones(64 * 2**20)}, 7, folder=folder,
                 asynchronous=True)
@@ -274,12 +391,42 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     assert out["loaded"] == 1  # step 2 truncated: set aside, step 1 loaded
     assert out["one_file_loaded"] == [0, 0.0]
     assert (tmp_path / "ckpt-one-file" / "step-000000000001.pt.damaged").exists()
+    assert out["flipped_loaded"] == 0
+    flipped = tmp_path / "ckpt-one-file-flipped" / "step-000000000001.pt"
+    assert (
+        f"hpclaunch checkpoint: {flipped} failed to load (step 1: checksum mismatch in "
+        f"step-000000000001.pt: {flipped}: crc32 "
+    ) in done.stderr
+    assert sorted(p.name for p in flipped.parent.iterdir()) == [  # its manifest went with it
+        "step-000000000000.pt",
+        "step-000000000000.pt.manifest.json",
+        "step-000000000001.pt.damaged",
+        "step-000000000001.pt.damaged.manifest.json",
+    ]
+    assert out["shapes_loaded"] == 0
+    assert (
+        f"{tmp_path / 'ckpt-one-file-shapes' / 'step-000000000001.pt'} failed to load (rank 0: "
+        "ValueError: Size mismatch between saved (999,) and current (1000,) for x): set aside "
+        "as step-000000000001.pt.damaged; resumed from step-000000000000.pt"
+    ) in done.stderr
+    # Each set aside is noted for hpclaunch status, with its reason.
+    noted = [json.loads(x) for x in (job / "checkpoints-set-aside.jsonl").read_text().splitlines()]
+    assert [(n["step"], n["problem"], n["file"]) for n in noted] == [
+        (2, "size mismatch", "__0_0.distcp"),
+        (1, "size mismatch", "step-000000000001.pt"),
+        (1, "checksum mismatch", "step-000000000001.pt"),
+        (1, "load failed", None),
+    ]
     # Step 2 was set aside only once step 1 had loaded: that showed the loading works.
-    assert "step-000000000002 failed to load (rank 0: " in done.stderr
+    # The truncated shard is caught by its manifest before torch reads it.
+    assert "step-000000000002 failed to load (step 2: size mismatch in __0_0.distcp: " in (
+        done.stderr
+    )
     assert "set aside as step-000000000002.damaged; resumed from step-000000000001" in (done.stderr)
     # When none loads, the cause may be the script: nothing is renamed, each is named.
     assert out["none_loads"].startswith(
-        f"no checkpoint in {folder} can be loaded: step-000000000001 (rank 0: "
+        f"no checkpoint in {folder} can be loaded: step-000000000001 (step 1: size mismatch "
+        "in .metadata: "
     )
     assert "Nothing was renamed" in out["none_loads"]
     assert out["names"] == [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,8 +161,11 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_previous_one_used(
         sandbox, tmp_path / "again", checkpoint_dir=folder, options=("--adopt-checkpoints",)
     )
     assert again.wait_end() == "COMPLETED", again.log
-    assert f"hpclaunch checkpoint: {latest} cannot be loaded" in again.log
-    assert f"hpclaunch checkpoint: {latest} failed to load" in again.log
+    # Its manifest holds each file's size: caught before torch reads it.
+    assert (
+        f"hpclaunch checkpoint: {latest} failed to load (step 29: size mismatch in {shard.name}: "
+        f"{shard} holds {size // 2} bytes, its manifest {size})"
+    ) in again.log
     assert f"set aside as {latest.name}.damaged; resumed from step-{24:012d}" in again.log
     assert (folder / f"{latest.name}.damaged" / shard.name).stat().st_size == size // 2
     assert [(s["attempt"], s["requeue"], s["step"]) for s in again.lines("START")] == [
@@ -170,3 +174,67 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_previous_one_used(
     assert digest_of(again) == uninterrupted
     assert again.history() == [(0, "completed", "none")]
     assert again.committed() == [24, 29]  # a new 29, beside the damaged one
+
+
+@pytest.fixture(scope="module")
+def saved_to_29(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoints of one uninterrupted run: steps 24 and 29 (keep_last=2)."""
+    root = tmp_path_factory.mktemp("saved-to-29")
+    first = submit(sandbox, root / "first", checkpoint_dir=root / "checkpoints")
+    assert first.wait_end() == "COMPLETED", first.log
+    assert first.committed() == [24, 29]
+    return root / "checkpoints"
+
+
+def _flip_a_byte(folder: Path) -> str:
+    """A byte of rank 2's shard of step 29 flipped, in its tensor data (the middle of
+    the file, past DCP's header): its size stays. Loaded by 4 ranks, rank 3 sums it."""
+    shard = folder / f"step-{29:012d}" / "__2_0.distcp"
+    with open(shard, "r+b") as handle:
+        handle.seek(shard.stat().st_size // 2)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    return "checksum mismatch in __2_0.distcp"
+
+
+def _older_under_newer_name(folder: Path) -> str:
+    """Step 24's checkpoint under step 29's name: loaded on its name, the job would
+    start at 30 with step 24's weights and end with another model."""
+    newest = folder / f"step-{29:012d}"
+    shutil.rmtree(newest)
+    shutil.copytree(folder / f"step-{24:012d}", newest)
+    return "step mismatch"
+
+
+@pytest.mark.parametrize("damage", [_flip_a_byte, _older_under_newer_name], ids=["flip", "swap"])
+def test_a_latest_checkpoint_that_fails_its_manifest_is_set_aside_and_the_previous_one_used(
+    sandbox: Running,
+    tmp_path: Path,
+    uninterrupted: str,
+    saved_to_29: Path,
+    damage: Callable[[Path], str],
+) -> None:
+    """Damage torch would load without a word: the manifest catches it, every rank
+    agrees, step 24 is loaded (the job starts at 25) and the job ends with exactly the
+    uninterrupted run's parameters; the batch log and status name step 29 and why."""
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(saved_to_29, folder)
+    problem = damage(folder)
+    latest = folder / f"step-{29:012d}"
+
+    again = submit(
+        sandbox, tmp_path / "again", checkpoint_dir=folder, options=("--adopt-checkpoints",)
+    )
+    assert again.wait_end() == "COMPLETED", again.log
+    assert f"hpclaunch checkpoint: {latest} failed to load (step 29: {problem}" in again.log
+    assert f"set aside as {latest.name}.damaged; resumed from step-{24:012d}" in again.log
+    assert [(s["attempt"], s["requeue"], s["step"]) for s in again.lines("START")] == [
+        ("0", "0", 25)
+    ]
+    assert digest_of(again) == uninterrupted
+    assert again.history() == [(0, "completed", "none")]
+    assert again.committed() == [24, 29]  # a new 29, beside the damaged one
+    assert (folder / f"{latest.name}.damaged").is_dir()
+    assert f"note: checkpoint step 29 set aside: {problem}" in again.status()
+    assert f"(now {folder / latest.name}.damaged)" in again.status()

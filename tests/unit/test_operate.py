@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hpclaunch.cli import CliContext, main
-from hpclaunch.jobdir import saves
+from hpclaunch.jobdir import saves, set_aside
 from hpclaunch.jobdir.history import Action, History, Reason, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.ops import registry
@@ -289,6 +289,13 @@ def test_status_shows_the_last_save_its_lead_warning_and_damaged_ones(
             ),
         )
     (folder / "ckpt" / "step-000000000007.damaged").mkdir()
+    # One load_latest set aside and noted why (an earlier hpclaunch, or a hand, did not).
+    noted = folder / "ckpt" / "step-000000000015.damaged"
+    noted.mkdir()
+    set_aside.append(
+        JobFolder(folder).set_aside,
+        set_aside.SetAside(15, "checksum mismatch", "__1_0.distcp", "crc32 ...", str(noted), 1.0),
+    )
     fake = FakeRunner({"scontrol": scontrol(JobState="RUNNING", JobName="train")})
     human = cli(tmp_path, env, fake, "status", "--job-dir", str(folder), str(JOB))
     assert human.exit_code == 0, human.output
@@ -301,7 +308,10 @@ def test_status_shows_the_last_save_its_lead_warning_and_damaged_ones(
     )
     assert (
         "note: set aside as damaged (failed to load; the previous checkpoint was used): "
-        f"step-000000000007.damaged in {folder / 'ckpt'}"
+        f"step-000000000007.damaged in {folder / 'ckpt'}\n"
+    ) in human.stdout
+    assert (
+        f"note: checkpoint step 15 set aside: checksum mismatch in __1_0.distcp (now {noted})\n"
     ) in human.stdout
 
 
