@@ -77,6 +77,18 @@ class Ranks:
         found = int(value.item())
         return None if found >= self.world else found
 
+    def first_of_each(self, *flags: bool) -> tuple[int | None, ...]:
+        """For each flag, the lowest rank where it is true, or None: one collective
+        (every rank calls it with as many flags)."""
+        if self.alone:
+            return tuple(0 if flag else None for flag in flags)
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([self.rank if f else self.world for f in flags], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.pg)
+        return tuple(None if found >= self.world else found for found in value.tolist())
+
     def from_rank0(self, value: int) -> int:
         """Rank 0's ``value``, on every rank."""
         return self.from_rank(0, value)
