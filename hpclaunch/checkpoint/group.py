@@ -77,17 +77,17 @@ class Ranks:
         found = int(value.item())
         return None if found >= self.world else found
 
-    def first_of_each(self, *flags: bool) -> tuple[int | None, ...]:
-        """For each flag, the lowest rank where it is true, or None: one collective
-        (every rank calls it with as many flags)."""
+    def minimum(self, *values: int) -> tuple[int, ...]:
+        """Each value's minimum over the ranks: one collective (every rank calls it
+        with as many values)."""
         if self.alone:
-            return tuple(0 if flag else None for flag in flags)
+            return values
         import torch
         import torch.distributed as dist
 
-        value = torch.tensor([self.rank if f else self.world for f in flags], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.pg)
-        return tuple(None if found >= self.world else found for found in value.tolist())
+        box = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.pg)
+        return tuple(int(v) for v in box.tolist())
 
     def from_rank0(self, value: int) -> int:
         """Rank 0's ``value``, on every rank."""

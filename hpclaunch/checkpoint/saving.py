@@ -193,7 +193,7 @@ def save(
     # What this rank would refuse, and the form it would write, are agreed by every rank
     # before anything is written: a rank that refused alone, or wrote the other form,
     # would leave the others waiting in the save's collectives for good.
-    refusal: CheckpointError | None = None
+    refusal: Exception | None = None
     as_shards, keep_local, final = False, None, Path()
     try:
         root = store.directory(folder)
@@ -207,7 +207,7 @@ def save(
             )
         keep_local = local.root(ranks) if local_copy else None
         final = store.path_for(root, step, sharded=as_shards)
-    except CheckpointError as exc:
+    except (CheckpointError, ValueError) as exc:  # ValueError: a step out of range
         refusal = exc
     _agree(ranks, step, refusal, as_shards)
     writer = _sharded_writer if as_shards else _single_writer
@@ -274,20 +274,34 @@ def in_flight() -> int | None:
     return None if pending is None or pending[1].done() else pending[0].step
 
 
-def _agree(ranks: Ranks, step: int, refusal: CheckpointError | None, as_shards: bool) -> None:
-    """Raise on every rank when any rank refused the save, or when the ranks would
-    write different forms (one collective)."""
-    refused, shards, one_file = ranks.first_of_each(
-        refusal is not None, as_shards and refusal is None, not as_shards and refusal is None
+def _agree(ranks: Ranks, step: int, refusal: Exception | None, as_shards: bool) -> None:
+    """Raise on every rank when any rank refused the save, when the ranks would write
+    different forms, or save different steps (one collective)."""
+
+    def lowest(flag: bool) -> int:
+        return ranks.rank if flag else ranks.world
+
+    refused, shards, one_file, low, minus_high = ranks.minimum(
+        lowest(refusal is not None),
+        lowest(as_shards and refusal is None),
+        lowest(not as_shards and refusal is None),
+        step,
+        -step,
     )
     if refusal is not None:
         raise refusal
-    if refused is not None:
+    if refused < ranks.world:
         raise CheckpointError(
             f"checkpoint.save of step {step} was refused on rank {refused} (its error says "
             "why); nothing was written"
         )
-    if shards is not None and one_file is not None:
+    if low != -minus_high:
+        raise CheckpointError(
+            f"checkpoint.save was called with different steps on different ranks (from {low} "
+            f"to {-minus_high}; this rank: {step}): every rank saves the same step (it is a "
+            "collective); nothing was written"
+        )
+    if shards < ranks.world and one_file < ranks.world:
         raise CheckpointError(
             f"checkpoint.save of step {step}: rank {shards}'s state holds sharded entries (a "
             f"DTensor, or an object with state_dict()), rank {one_file}'s holds none, so they "
