@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 # Trains an FSDP2 model with uneven shards (37 rows over 2, 3 or 4 ranks) for MODE:
 #   save N   : N steps, an asynchronous save after each (local copies too), then the
 #              full tensors of the last state into expected.pt
-#   load     : load_latest(into=...) and the full tensors into loaded.pt
+#   load     : load_latest(into=a function that builds the state) and the full tensors
+#              into loaded.pt
 DRIVER = """
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -67,9 +68,11 @@ if mode == "save":
     if rank == 0:
         torch.save(expected, os.path.join(out, "expected.pt"))
 else:
-    state = everything()
-    state["meta"] = {"step": -1, "world": -1}
-    loaded = checkpoint.load_latest(folder, into=state)
+    def to_load():  # as documented: built only when there is a checkpoint to load
+        return {**everything(), "meta": {"step": -1, "world": -1}}
+
+    loaded = checkpoint.load_latest(folder, into=to_load)
+    state = loaded.state
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     got = full(everything())
