@@ -285,8 +285,9 @@ def _agree(ranks: Ranks, step: int, refusal: Exception | None, as_shards: bool) 
         lowest(refusal is not None),
         lowest(as_shards and refusal is None),
         lowest(not as_shards and refusal is None),
-        step,
-        -step,
+        # A rank that refused may hold no number for a step: its refusal is said first.
+        0 if refusal is not None else int(step),
+        0 if refusal is not None else -int(step),
     )
     if refusal is not None:
         raise refusal
@@ -327,7 +328,7 @@ def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
     numbered = find_numbered_optimizer(state) if as_shards else None
     if numbered is not None:
         raise CheckpointError(
-            f"checkpoint.save cannot save {numbered!r} with a sharded model: it is "
+            f"checkpoint.save cannot save {numbered!r} as a sharded checkpoint: it is "
             "optimizer.state_dict() (or the optimizer), whose entries are numbered, and no "
             "optimizer can load it back as a sharded checkpoint loads; save the optimizer "
             "as torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) "

@@ -435,7 +435,7 @@ def test_state_that_cannot_be_saved_is_refused_on_every_rank_before_any_write(
     )
     for rank, out in by_rank.items():
         for case in ("plain", "plain_async"):
-            assert out[case].startswith("checkpoint.save cannot save 'optimizer' with a sharded")
+            assert out[case].startswith("checkpoint.save cannot save 'optimizer' as a sharded")
             assert out[case].endswith(fix)
         assert out["optimizer_object"].startswith("checkpoint.save cannot save 'optimizer'")
         assert "rank 0's state holds sharded entries" in out["forms_differ"]

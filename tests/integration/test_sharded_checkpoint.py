@@ -182,7 +182,7 @@ def test_plain_state_dicts_stop_the_job_at_its_first_save_naming_the_fix(
     job = submit(sandbox, tmp_path, "--plain-state-dict")
     assert job.wait_end() == "FAILED", job.log
     fix = (
-        "CheckpointError: checkpoint.save cannot save 'optimizer' with a sharded model: it is "
+        "CheckpointError: checkpoint.save cannot save 'optimizer' as a sharded checkpoint: it is "
         "optimizer.state_dict() (or the optimizer), whose entries are numbered, and no "
         "optimizer can load it back as a sharded checkpoint loads; save the optimizer as "
         "torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) gives it "
