@@ -28,6 +28,9 @@ Faults to try the machinery with:
                                 job's first run (a rendezvous that never completes)
   --hang-in-pause S             after step S every rank evaluates in hpclaunch.progress.paused(),
                                 where rank 1 hangs, on the job's first attempt only
+  --plain-state-dict            save model.state_dict() and optimizer.state_dict(), as a first
+                                script does: every rank refuses it at the first save, naming
+                                the fix (get_state_dict)
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def main() -> None:
     parser.add_argument("--hang-in-load", action="store_true")
     parser.add_argument("--hang-before-init", type=int, default=None)
     parser.add_argument("--hang-in-pause", type=int, default=None)
+    parser.add_argument("--plain-state-dict", action="store_true")
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
@@ -128,16 +132,29 @@ def main() -> None:
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    # The state to load into: this rank's shards, as torch's helpers give them.
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
-    if args.hang_in_load and (requeue, attempt) == ("1", "0") and rank == 1:
-        state["stall"] = Stall(rank, "in load_latest")  # DCP asks it for its state
-    resumed = checkpoint.load_latest(into=state)
+    def sharded_state() -> dict[str, Any]:
+        """This rank's shards, as torch's helpers give them (to save, and to load into)."""
+        if args.plain_state_dict:  # what a first script writes: refused at the first save
+            return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optimizer": optim_state}
+
+    def state_to_load() -> dict[str, Any]:
+        # Built only when there is a checkpoint to load: get_state_dict gives a fresh
+        # optimizer its state by stepping it, which a fresh start must not do.
+        state = sharded_state()
+        if args.hang_in_load and (requeue, attempt) == ("1", "0") and rank == 1:
+            state["stall"] = Stall(rank, "in load_latest")  # DCP asks it for its state
+        return state
+
+    resumed = checkpoint.load_latest(into=state_to_load)
     start = 0
     if resumed is not None:
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            model,
+            optimizer,
+            model_state_dict=resumed.state["model"],
+            optim_state_dict=resumed.state["optimizer"],
         )
         start = resumed.step + 1
     if rank == 0:
@@ -164,8 +181,7 @@ def main() -> None:
             say("FIRST_STEP", step=step, time=time.time())
         stopping = stop.should_stop()
         if stopping or (step + 1) % args.checkpoint_every == 0:
-            model_state, optim_state = get_state_dict(model, optimizer)
-            saved: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+            saved = sharded_state()
             stall = step == args.hang_in_save
             if stall and rank == 1 and first_attempt:
                 saved["stall"] = Stall(rank, "in checkpoint.save", step)

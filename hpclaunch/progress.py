@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import IO, Any, TypeVar, cast
 
 from hpclaunch.contract.worker_env import ATTEMPT, REQUEUE_COUNT
@@ -590,6 +590,9 @@ def _after_optimizer_step(optimizer: object, args: object, kwargs: object) -> No
     board = _board
     if board is None or board.explicit:
         return
+    if _state_init(kwargs):
+        _made_by_init(optimizer)
+        return
     counted = _counted[0]() if _counted else None
     if counted is None:
         _counted[:] = [weakref.ref(optimizer)]
@@ -606,11 +609,57 @@ def _before_first_step(optimizer: object, args: object, kwargs: object) -> None:
     steps count): the step count in the state the script restored, if any, is where this
     attempt resumed. ``_after_optimizer_step`` removes this hook right after that step."""
     board = _board
-    if board is None or board.explicit or board.resumed_by or board.count:
+    if board is None or board.explicit or board.resumed_by or board.count or _state_init(kwargs):
+        return
+    if optimizer in _init_state:  # its count is the init's, no steps taken before
         return
     held = optimizer_steps(optimizer)
     if held is not None:
         board.resume(held, BY_OPTIMIZER)
+
+
+# torch.distributed.checkpoint.state_dict's function that gives a fresh optimizer its state
+# by stepping it with zero gradients at lr 0 (get_state_dict and set_state_dict call it):
+# no training step, so neither counted nor looked at.
+_STATE_INIT = "_init_optim_state"
+_STATE_INIT_DEPTH = 6  # frames up from the hook: torch's step wrapper, an LR scheduler's
+
+
+# The optimizers whose state torch's initialisation made, with nothing loaded into them
+# since: the step count in it (Adam's 1) is no evidence of steps taken.
+_init_state: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _made_by_init(optimizer: Any) -> None:
+    """Mark ``optimizer``'s state as the initialisation's, until state is loaded into it
+    (its ``load_state_dict``, which torch's ``set_state_dict`` calls, unmarks it)."""
+    if optimizer in _init_state:
+        return
+    register = getattr(optimizer, "register_load_state_dict_post_hook", None)
+    if register is None:  # cannot tell when state is loaded: look at the count as before
+        return
+    _init_state.add(optimizer)
+    register(_loaded_into)
+
+
+def _loaded_into(optimizer: Any) -> None:
+    _init_state.discard(optimizer)
+
+
+def _state_init(kwargs: object) -> bool:
+    """Whether this optimizer step is torch's state initialisation, not training. It
+    calls ``step(closure=None)``; only such a call has its callers looked at, so that
+    a training step costs a dict lookup."""
+    if not isinstance(kwargs, Mapping) or "closure" not in kwargs or kwargs["closure"] is not None:
+        return False
+    frame: FrameType | None = sys._getframe(2)  # above this and the hook: torch's wrapper
+    for _ in range(_STATE_INIT_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == _STATE_INIT:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def optimizer_steps(optimizer: Any) -> int | None:

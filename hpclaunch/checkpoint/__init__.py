@@ -10,25 +10,29 @@ A training script needs four calls (``Preemption.install``, ``load_latest``,
     stop = checkpoint.Preemption.install()        # SIGTERM/SIGUSR1/SIGUSR2 set a flag
     dist.init_process_group("gloo")                # or nccl
     ...                                            # build the model, fully_shard it
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    resumed = checkpoint.load_latest(into=state)   # None on a fresh start
+    def sharded_state():                           # this rank's shards, named
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optimizer": optim_state}
+
+    # The function is called only when there is a checkpoint to load: get_state_dict
+    # steps a fresh optimizer (at lr 0) to give it state, which a fresh start must not.
+    resumed = checkpoint.load_latest(into=sharded_state)   # None on a fresh start
     start = 0
     if resumed is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=resumed.state["model"],
+                       optim_state_dict=resumed.state["optimizer"])
         start = resumed.step + 1
     for step in range(start, steps):
         train_one_step(step)
         stopping = stop.should_stop()              # every rank gets the same answer
         if stopping or (step + 1) % every == 0:
-            model_state, optim_state = get_state_dict(model, optimizer)
-            checkpoint.save({"model": model_state, "optimizer": optim_state}, step,
-                            asynchronous=not stopping)
+            checkpoint.save(sharded_state(), step, asynchronous=not stopping)
         if stopping:
             break
     checkpoint.wait()                              # before destroy_process_group
 
+Save the optimizer as ``get_state_dict`` gives it: ``optimizer.state_dict()`` of a
+sharded model numbers its entries and could not be loaded back, so ``save`` refuses it.
 Replicated state (DDP: plain tensors, the same on every rank) goes through the same
 calls; ``load_latest()`` then returns the saved dict (``into`` is not needed) and
 only global rank 0 writes it, as one file.

@@ -77,6 +77,18 @@ class Ranks:
         found = int(value.item())
         return None if found >= self.world else found
 
+    def minimum(self, *values: int) -> tuple[int, ...]:
+        """Each value's minimum over the ranks: one collective (every rank calls it
+        with as many values)."""
+        if self.alone:
+            return values
+        import torch
+        import torch.distributed as dist
+
+        box = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.pg)
+        return tuple(int(v) for v in box.tolist())
+
     def from_rank0(self, value: int) -> int:
         """Rank 0's ``value``, on every rank."""
         return self.from_rank(0, value)

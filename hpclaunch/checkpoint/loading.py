@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,12 @@ from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 _SHARDED_HELP = (
     "build it as torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) "
     "gives it (which also initialises the optimizer's state), the same way the saved one "
-    "was built"
+    "was built, in a function passed as into= (called only when there is a checkpoint to "
+    "load, so that a fresh start never steps the optimizer)"
 )
+# What ``into`` may be: the state, or a function that builds it when a sharded checkpoint
+# is to be loaded.
+Into = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class CheckpointMismatch(CheckpointError):
 def load_latest(
     folder: str | os.PathLike[str] | None = None,
     *,
-    into: Mapping[str, Any] | None = None,
+    into: Into | None = None,
     map_location: Any = "cpu",
     weights_only: bool = True,
 ) -> Loaded | None:
@@ -74,11 +78,15 @@ def load_latest(
 
     A sharded checkpoint loads into ``into``, in place, resharded to this job's ranks
     (so ``into`` is required for it: the state as the training built it, with the
-    same keys as the saved one). A one-file checkpoint is returned as saved
-    (``into`` is not needed; given, each saved tensor's shape is checked against the
-    one at its key in ``into``). Each checkpoint is first checked against its manifest
-    (hpclaunch.checkpoint.manifest). A checkpoint that fails to load is set aside once an
-    older one has loaded (which shows that the loading itself works); when none
+    same keys as the saved one). ``into`` may be a function that returns that state:
+    it is called (once, on every rank) only when a sharded checkpoint is to be loaded,
+    so that a fresh start never builds it (torch's ``get_state_dict`` steps a fresh
+    optimizer to give it state, which moves Adam's step count); ``Loaded.state`` is
+    what it returned, filled in. A one-file checkpoint is returned as saved
+    (``into`` is not needed; given as a dict, each saved tensor's shape is checked
+    against the one at its key in ``into``). Each checkpoint is first checked against
+    its manifest (hpclaunch.checkpoint.manifest). A checkpoint that fails to load is
+    set aside once an older one has loaded (which shows that the loading itself works); when none
     loads, nothing is renamed and CheckpointError names each failure. Raises
     CheckpointError too when the folder is unusable or ``into`` does not fit.
 
@@ -88,6 +96,7 @@ def load_latest(
     ranks = Ranks.now()
     root = store.directory(folder)
     failed: list[_Failed] = []  # newer than the one being tried
+    built: list[Mapping[str, Any]] = []  # what a function given as ``into`` returned
     while True:
         below = failed[-1].checkpoint.step if failed else None
         found = _committed(root, below) if ranks.rank == 0 else []
@@ -99,13 +108,17 @@ def load_latest(
             return None
         sharded = bool(ranks.from_rank0(int(found[-1].sharded) if found else 0))
         chosen = Checkpoint(step, store.path_for(root, step, sharded=sharded))
+        if sharded and callable(into) and not built:
+            built.append(_build(into, ranks))
         error: BaseException | None = None
         try:
+            # A function given as ``into`` is not needed by a one-file checkpoint.
+            target = built[0] if built else None if callable(into) else into
             # Node-local copies, when every rank has one, are what is read: the shared
             # files are then not (their sums would cost the read the copies save).
-            near = chosen.sharded and into is not None and local.available(step, ranks)
+            near = chosen.sharded and target is not None and local.available(step, ranks)
             checked = _verify(chosen, ranks, files=not near)  # raises on all ranks or none
-            state = _load(chosen, into, map_location, weights_only, ranks, near)
+            state = _load(chosen, target, map_location, weights_only, ranks, near)
         except (CheckpointMismatch, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -171,6 +184,33 @@ def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
 
 def _problem(error: ManifestError) -> str:
     return f"{error.problem.value} in {error.file}" if error.file else error.problem.value
+
+
+def _build(into: Callable[[], Mapping[str, Any]], ranks: Ranks) -> Mapping[str, Any]:
+    """The state ``into()`` builds, on every rank; when it raises or returns no dict on
+    any rank, every rank raises (none is left alone in the load's collectives)."""
+    error: BaseException | None = None
+    state: Mapping[str, Any] = {}
+    try:
+        state = into()
+        if not isinstance(state, Mapping):
+            raise CheckpointMismatch(
+                f"load_latest(into=...) was given a function that returned a "
+                f"{type(state).__name__}, not the dict of state to load into"
+            )
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        error = exc
+    failed_on = ranks.first_true(error is not None)
+    if error is not None:
+        raise error
+    if failed_on is not None:
+        raise CheckpointMismatch(
+            f"the function given as load_latest(into=...) failed on rank {failed_on} "
+            "(its log says how)"
+        )
+    return state
 
 
 def _tell_progress(step: int, ranks: Ranks) -> None:

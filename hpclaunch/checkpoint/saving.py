@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 from hpclaunch import progress
 from hpclaunch.checkpoint import local, manifest, store
 from hpclaunch.checkpoint.group import Ranks, attempt_tag
-from hpclaunch.checkpoint.state import find_sharded
+from hpclaunch.checkpoint.state import find_numbered_optimizer, find_sharded
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves
 from hpclaunch.jobdir.atomic import fsync_folder, write_atomic
@@ -191,17 +191,26 @@ def save(
     started = time.monotonic()  # training waits from here, for the save in flight too
     _saver.wait()
     ranks = Ranks.now()
-    root = store.directory(folder)
-    store.check_step(step)
-    as_shards = _form(state, sharded)
-    if local_copy and not as_shards:
-        raise CheckpointError(
-            "save(local_copy=True) keeps each rank's shards of a sharded checkpoint; this "
-            "state holds no DTensor, so one writer saves it: drop local_copy, or pass "
-            "sharded=True to have every rank write"
-        )
-    keep_local = local.root(ranks) if local_copy else None  # raises before any write
-    final = store.path_for(root, step, sharded=as_shards)
+    # What this rank would refuse, and the form it would write, are agreed by every rank
+    # before anything is written: a rank that refused alone, or wrote the other form,
+    # would leave the others waiting in the save's collectives for good.
+    refusal: Exception | None = None
+    as_shards, keep_local, final = False, None, Path()
+    try:
+        root = store.directory(folder)
+        store.check_step(step)
+        as_shards = _form(state, sharded)
+        if local_copy and not as_shards:
+            raise CheckpointError(
+                "save(local_copy=True) keeps each rank's shards of a sharded checkpoint; this "
+                "state holds no DTensor, so one writer saves it: drop local_copy, or pass "
+                "sharded=True to have every rank write"
+            )
+        keep_local = local.root(ranks) if local_copy else None
+        final = store.path_for(root, step, sharded=as_shards)
+    except (CheckpointError, ValueError) as exc:  # ValueError: a step out of range
+        refusal = exc
+    _agree(ranks, step, refusal, as_shards)
     writer = _sharded_writer if as_shards else _single_writer
     data, write = writer(state, step, final, asynchronous, ranks)
     job = _Save(step, final, keep_last, ranks, data, write, keep_local, asynchronous, started)
@@ -266,6 +275,43 @@ def in_flight() -> int | None:
     return None if pending is None or pending[1].done() else pending[0].step
 
 
+def _agree(ranks: Ranks, step: int, refusal: Exception | None, as_shards: bool) -> None:
+    """Raise on every rank when any rank refused the save, when the ranks would write
+    different forms, or save different steps (one collective)."""
+
+    def lowest(flag: bool) -> int:
+        return ranks.rank if flag else ranks.world
+
+    refused, shards, one_file, low, minus_high = ranks.minimum(
+        lowest(refusal is not None),
+        lowest(as_shards and refusal is None),
+        lowest(not as_shards and refusal is None),
+        # A rank that refused may hold no number for a step: its refusal is said first.
+        0 if refusal is not None else int(step),
+        0 if refusal is not None else -int(step),
+    )
+    if refusal is not None:
+        raise refusal
+    if refused < ranks.world:
+        raise CheckpointError(
+            f"checkpoint.save of step {step} was refused on rank {refused} (its error says "
+            "why); nothing was written"
+        )
+    if low != -minus_high:
+        raise CheckpointError(
+            f"checkpoint.save was called with different steps on different ranks (from {low} "
+            f"to {-minus_high}; this rank: {step}): every rank saves the same step (it is a "
+            "collective); nothing was written"
+        )
+    if shards < ranks.world and one_file < ranks.world:
+        raise CheckpointError(
+            f"checkpoint.save of step {step}: rank {shards}'s state holds sharded entries (a "
+            f"DTensor, or an object with state_dict()), rank {one_file}'s holds none, so they "
+            "would write different forms; give every rank the same kind of state, or pass "
+            "sharded=True so that every rank writes its part; nothing was written"
+        )
+
+
 def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
     if not isinstance(state, Mapping):
         raise CheckpointError(
@@ -279,7 +325,17 @@ def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
             f"{found[1]}, {found[2]}; leave sharded unset (or True) so that every rank "
             "writes its part"
         )
-    return bool(found) if sharded is None else sharded
+    as_shards = bool(found) if sharded is None else sharded
+    numbered = find_numbered_optimizer(state) if as_shards else None
+    if numbered is not None:
+        raise CheckpointError(
+            f"checkpoint.save cannot save {numbered!r} as a sharded checkpoint: it is "
+            "optimizer.state_dict() (or the optimizer), whose entries are numbered, and no "
+            "optimizer can load it back as a sharded checkpoint loads; save the optimizer "
+            "as torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) "
+            "gives it (model_state, optim_state), and load it the same way"
+        )
+    return as_shards
 
 
 def _single_writer(

@@ -50,3 +50,37 @@ def _find(state: Any, prefix: str, kinds: tuple[type, ...]) -> tuple[str, str, s
         if found is not None:
             return found
     return None
+
+
+def find_numbered_optimizer(state: Any, prefix: str = "") -> str | None:
+    """The key path of the first optimizer state in ``state`` in the form
+    ``optimizer.state_dict()`` gives it: ``state`` and ``param_groups``, its parameters
+    numbered (ints) rather than named; or of a torch optimizer itself, whose
+    ``state_dict()`` torch's distributed checkpoint would take. Saved sharded, such a
+    state cannot be loaded back the way a sharded checkpoint loads (a fresh optimizer's
+    ``state_dict()`` has no entries to load it into, and ``get_state_dict``'s are
+    named); None when there is none. Nested dicts, lists and tuples are searched."""
+    optimizer = getattr(sys.modules.get("torch.optim.optimizer"), "Optimizer", None)
+    if optimizer is not None and isinstance(state, optimizer):
+        return prefix or "(the state itself)"  # DCP would take its state_dict(): numbered
+    if isinstance(state, Mapping):
+        if _numbered(state):
+            return prefix or "(the state itself)"
+        items = [(f"{prefix}.{key}" if prefix else str(key), value) for key, value in state.items()]
+    elif isinstance(state, (list, tuple)):
+        items = [(f"{prefix}[{i}]", value) for i, value in enumerate(state)]
+    else:
+        return None
+    for path, value in items:
+        found = find_numbered_optimizer(value, path)
+        if found is not None:
+            return found
+    return None
+
+
+def _numbered(state: Mapping[Any, Any]) -> bool:
+    groups = state.get("param_groups")
+    if not isinstance(state.get("state"), Mapping) or not isinstance(groups, (list, tuple)):
+        return False
+    params = [p for g in groups if isinstance(g, Mapping) for p in g.get("params", ())]
+    return bool(params) and all(isinstance(p, int) for p in params)

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 # Trains an FSDP2 model with uneven shards (37 rows over 2, 3 or 4 ranks) for MODE:
 #   save N   : N steps, an asynchronous save after each (local copies too), then the
 #              full tensors of the last state into expected.pt
-#   load     : load_latest(into=...) and the full tensors into loaded.pt
+#   load     : load_latest(into=a function that builds the state) and the full tensors
+#              into loaded.pt
 DRIVER = """
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -67,9 +68,11 @@ if mode == "save":
     if rank == 0:
         torch.save(expected, os.path.join(out, "expected.pt"))
 else:
-    state = everything()
-    state["meta"] = {"step": -1, "world": -1}
-    loaded = checkpoint.load_latest(folder, into=state)
+    def to_load():  # as documented: built only when there is a checkpoint to load
+        return {**everything(), "meta": {"step": -1, "world": -1}}
+
+    loaded = checkpoint.load_latest(folder, into=to_load)
+    state = loaded.state
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     got = full(everything())
@@ -494,3 +497,106 @@ def checkpoint_steps(folder: Path) -> list[int]:
     from hpclaunch import checkpoint
 
     return [c.step for c in checkpoint.complete(folder)]
+
+
+# 4 ranks hand save() what cannot be saved, each case the same on every rank or on some
+# only; every rank must raise (none left waiting in a collective), nothing be written,
+# and a save of good state work after them. Rank R writes OUT/refused-R.json: {case: message}.
+REFUSALS = """
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from hpclaunch import checkpoint
+
+folder = sys.argv[1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+model = torch.nn.Sequential(torch.nn.Linear(4, 7), torch.nn.Linear(7, 1))
+for layer in (model[0], model[1], model):
+    fully_shard(layer, mesh=init_device_mesh("cpu", (world,)))
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+model(torch.ones(2, 4)).sum().backward()
+optimizer.step()
+out = {}
+
+def refused(case, call):
+    try:
+        call()
+    except checkpoint.CheckpointError as exc:
+        out[case] = str(exc)
+    else:
+        out[case] = None
+
+plain = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+refused("plain", lambda: checkpoint.save(plain, 1, folder=folder))
+refused("plain_async", lambda: checkpoint.save(plain, 1, folder=folder, asynchronous=True))
+refused("optimizer_object", lambda: checkpoint.save({"optimizer": optimizer}, 1, folder=folder))
+# Rank 1 alone hands replicated state: the others would write shards.
+mixed = {"x": torch.ones(2)} if rank == 1 else {"model": model.state_dict()}
+refused("forms_differ", lambda: checkpoint.save(mixed, 2, folder=folder))
+# Rank 2 alone asks for what cannot be done (a local copy of replicated state).
+local = {"x": torch.ones(2)} if rank == 2 else {"model": model.state_dict()}
+refused("one_refuses", lambda: checkpoint.save(local, 3, folder=folder, local_copy=rank == 2))
+refused("steps_differ", lambda: checkpoint.save({"model": model.state_dict()}, 4 + rank % 2,
+                                                folder=folder))
+out["names_after_refusals"] = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+model_state, optim_state = get_state_dict(model, optimizer)
+checkpoint.save({"model": model_state, "optimizer": optim_state}, 9, folder=folder)
+out["names"] = sorted(os.listdir(folder))
+with open(os.path.join(sys.argv[2], f"refused-{rank}.json"), "w") as handle:
+    json.dump(out, handle)  # a file each: the ranks' printed lines may interleave
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_state_that_cannot_be_saved_is_refused_on_every_rank_before_any_write(
+    tmp_path: Path,
+) -> None:
+    driver = tmp_path / "refusals.py"
+    driver.write_text(REFUSALS)
+    folder = tmp_path / "ckpt"
+    done = subprocess.run(
+        [
+            str(VENV_BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node=4",
+            str(driver),
+            str(folder),
+            str(tmp_path),
+        ],
+        env=base_env(PYTHONWARNINGS="ignore::UserWarning", OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,  # a rank left waiting in a collective would stop the run here
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_rank = {r: json.loads((tmp_path / f"refused-{r}.json").read_text()) for r in range(4)}
+    fix = (
+        "save the optimizer as torch.distributed.checkpoint.state_dict.get_state_dict(model, "
+        "optimizer) gives it (model_state, optim_state), and load it the same way"
+    )
+    for rank, out in by_rank.items():
+        for case in ("plain", "plain_async"):
+            assert out[case].startswith("checkpoint.save cannot save 'optimizer' as a sharded")
+            assert out[case].endswith(fix)
+        assert out["optimizer_object"].startswith("checkpoint.save cannot save 'optimizer'")
+        assert "rank 0's state holds sharded entries" in out["forms_differ"]
+        assert "rank 1's holds none" in out["forms_differ"]
+        if rank == 2:
+            assert out["one_refuses"].startswith("save(local_copy=True) keeps each rank's")
+        else:
+            assert out["one_refuses"] == (
+                "checkpoint.save of step 3 was refused on rank 2 (its error says why); "
+                "nothing was written"
+            )
+        assert out["steps_differ"].startswith(
+            "checkpoint.save was called with different steps on different ranks (from 4 to 5; "
+            f"this rank: {4 + rank % 2})"
+        )
+        assert out["names_after_refusals"] == []  # not even a temporary folder
+        assert out["names"] == ["step-000000000009"]

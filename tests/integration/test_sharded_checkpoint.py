@@ -238,3 +238,30 @@ def test_a_latest_checkpoint_that_fails_its_manifest_is_set_aside_and_the_previo
     assert (folder / f"{latest.name}.damaged").is_dir()
     assert f"note: checkpoint step 29 set aside: {problem}" in again.status()
     assert f"(now {folder / latest.name}.damaged)" in again.status()
+
+
+def test_plain_state_dicts_stop_the_job_at_its_first_save_naming_the_fix(
+    sandbox: Running, tmp_path: Path
+) -> None:
+    """``model.state_dict()`` and ``optimizer.state_dict()`` of an FSDP2 model, as a first
+    script saves them: the optimizer's numbered entries could never be loaded back, so
+    every rank refuses them at the first save (step 4), before anything is written, and
+    the job fails as a bug does: at once, without a requeue, no rank left waiting."""
+    job = submit(sandbox, tmp_path, "--plain-state-dict")
+    assert job.wait_end() == "FAILED", job.log
+    fix = (
+        "CheckpointError: checkpoint.save cannot save 'optimizer' as a sharded checkpoint: it is "
+        "optimizer.state_dict() (or the optimizer), whose entries are numbered, and no "
+        "optimizer can load it back as a sharded checkpoint loads; save the optimizer as "
+        "torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) gives it "
+        "(model_state, optim_state), and load it the same way"
+    )
+    assert fix in job.log
+    assert job.history() == [(0, "the same error on every node", "none")]
+    assert job.fields()["Restarts"] == "0"
+    assert [s["attempt"] for s in job.lines("START")] == ["0"], job.log
+    assert not job.lines("STOPPED") and not job.lines("RESULT")
+    # Nothing written: no committed checkpoint, no temporary folder of a save begun (the
+    # folder's owner marker, written at start, is all there is).
+    assert job.committed() == []
+    assert not [p.name for p in job.checkpoints.iterdir() if p.name.startswith(".step-")]

@@ -10,7 +10,7 @@ import pytest
 
 from hpclaunch import checkpoint
 from hpclaunch.checkpoint import Checkpoint, CheckpointError, group, store
-from hpclaunch.checkpoint.state import find_sharded
+from hpclaunch.checkpoint.state import find_numbered_optimizer, find_sharded
 from hpclaunch.jobdir import saves
 from hpclaunch.record import checkpoints
 
@@ -160,6 +160,18 @@ def test_a_stateful_object_is_found_where_one_writer_would_miss_its_shards() -> 
     found = find_sharded({**state, "nested": [{"a": 1}, {"opt": Model()}]})
     assert found is not None and found[:2] == ("nested[1].opt", "Model")
     assert "state_dict() and load_state_dict()" in found[2]
+
+
+def test_an_optimizer_state_numbered_as_optimizer_state_dict_gives_it_is_found() -> None:
+    numbered = {"state": {0: {"step": 1.0}}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]}
+    named = {"state": {"w": {"step": 1.0}}, "param_groups": [{"lr": 0.1, "params": ["w"]}]}
+    assert find_numbered_optimizer({"model": {"w": 1.0}, "optimizer": named}) is None
+    assert find_numbered_optimizer({"model": {}, "opts": [named, numbered]}) == "opts[1]"
+    fresh = {"state": {}, "param_groups": [{"params": [0]}]}  # no step yet: as numbered
+    assert find_numbered_optimizer({"optimizer": fresh}) == "optimizer"
+    assert find_numbered_optimizer(numbered) == "(the state itself)"
+    # A dict that merely has the two keys is not an optimizer's state.
+    assert find_numbered_optimizer({"state": {}, "param_groups": []}) is None
 
 
 def test_save_records_say_the_last_and_slowest_save(tmp_path: Path) -> None:
