@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpclaunch.contract.worker_env import SUBMITTED as SUBMITTED_VAR
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.slurm.commands import Slurm
@@ -40,6 +42,14 @@ def _make_dirs(path: Path) -> list[Path]:
     return missing[::-1]
 
 
+def stamped(slurm: Slurm, now_ns: int) -> Slurm:
+    """``slurm`` whose commands carry the submission's stamp ``now_ns`` in their
+    environment: SLURM gives the job the environment it was submitted from, and each
+    node's agent keys its node-local folder with it (hpclaunch.node.local_folder)."""
+    base = os.environ if slurm.env is None else slurm.env
+    return replace(slurm, env={**base, SUBMITTED_VAR: str(now_ns)})
+
+
 def submit(script: str, log_dir: Path, slurm: Slurm, *, cwd: Path) -> Submission:
     """Submit ``script`` from ``cwd`` (the job's working folder); keep it as
     ``LOG_DIR/JOBID/job.sbatch``.
@@ -61,7 +71,7 @@ def submit(script: str, log_dir: Path, slurm: Slurm, *, cwd: Path) -> Submission
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(script)
         os.chmod(staged, 0o644)
-        job = slurm.sbatch(staged, cwd=cwd)
+        job = stamped(slurm, time.time_ns()).sbatch(staged, cwd=cwd)
     except BaseException:
         staged.unlink(missing_ok=True)
         for folder in reversed(created):
