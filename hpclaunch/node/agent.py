@@ -24,7 +24,7 @@ from hpclaunch.contract.agent import AgentSettings, RankOrder
 from hpclaunch.contract.values import TimeoutField
 from hpclaunch.contract.worker_env import framework_env
 from hpclaunch.errors import HpclaunchError, SlurmError
-from hpclaunch.jobdir import failures, joblogs, unwritten
+from hpclaunch.jobdir import failures, joblogs, modes, unwritten
 from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
 from hpclaunch.node import local_folder, ports
@@ -113,7 +113,8 @@ def check_job_folder(ctx: NodeContext, opts: AgentSettings, env: Mapping[str, st
     logs = JobFolder(job_folder(ctx, opts, env)).logs
     probe = logs / f".write-test-{ctx.hostname}-{os.getpid()}"
     try:
-        logs.mkdir(parents=True, exist_ok=True)
+        modes.make_dirs(logs.parent, modes.folder_mode(env))  # where no script made it
+        logs.mkdir(exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:

@@ -25,7 +25,7 @@ from hpclaunch.contract.supervisor import (
 )
 from hpclaunch.contract.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
-from hpclaunch.jobdir import failures, hangs, history_store, saves
+from hpclaunch.jobdir import failures, hangs, history_store, modes, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, HistoryError, Run, finish
 from hpclaunch.jobdir.layout import JobFolder
@@ -71,7 +71,10 @@ def supervise(
     for ``slurm_patience_s``. ``checkpoint_patterns`` go into the history, relative
     ones from SLURM_SUBMIT_DIR. A stopped srun or a silent agent is acted on after
     ``watch_timeout_s`` (hpclaunch.recovery.watch). Returns the supervisor's exit status. Raises
-    StepNotFound, HistoryError."""
+    StepNotFound, HistoryError, HpclaunchError (HPCLAUNCH_SHARE_WITH_GROUP is neither
+    yes nor no)."""
+    if job_dir is not None and job_dir.is_dir():  # made by the script's mkdir -p
+        modes.restrict(job_dir, modes.folder_mode(env))
     with forwarding() as forwarder:
         run = Supervisor(
             env,
