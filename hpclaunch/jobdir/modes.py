@@ -6,9 +6,9 @@ folder ``LOG_DIR/JOBID``, a checkpoint folder and the folders above it that did 
 exist, each checkpoint's temporary and committed folder) gets mode 0700 (0750 with
 group sharing), set explicitly since the umask can only take bits away. What the
 workers and torch write inside (log files, DCP's files) keeps the umask's mode but
-cannot be reached by others through a 0700 folder. A checkpoint saved as one file is
-set 0600 (0640) as well, since its folder may be the user's own. Folders the user made
-are never changed.
+cannot be reached by others through a 0700 folder. A checkpoint saved as one file, and
+the batch log (SLURM makes it beside the job folder), are set 0600 (0640) as well, since
+their folder may be the user's own. Folders the user made are never changed.
 
 Group sharing: ``HPCLAUNCH_SHARE_WITH_GROUP=1`` in the job's environment (set it
 before ``hpclaunch sbatch``, whose environment SLURM passes on to the job, or with
@@ -69,8 +69,8 @@ def make_dirs(path: Path, mode: int) -> list[Path]:
     return made
 
 
-def restrict(folder: Path, mode: int) -> None:
-    """Set ``folder`` (one hpclaunch made for the job: its job folder) to ``mode``, if
+def restrict(path: Path, mode: int) -> None:
+    """Set ``path`` (made for the job: its job folder, its batch log) to ``mode``, if
     it is this user's. Raises OSError."""
-    if folder.stat().st_uid == os.getuid():
-        os.chmod(folder, mode)
+    if path.stat().st_uid == os.getuid():
+        os.chmod(path, mode)

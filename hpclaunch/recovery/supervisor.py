@@ -28,7 +28,7 @@ from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
 from hpclaunch.jobdir import failures, hangs, history_store, modes, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, HistoryError, Run, finish
-from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.jobdir.unwritten import Unwritten
 from hpclaunch.record import checkpoints, lost_work
 from hpclaunch.record.attempts import of_job
@@ -75,6 +75,11 @@ def supervise(
     yes nor no)."""
     if job_dir is not None and job_dir.is_dir():  # made by the script's mkdir -p
         modes.restrict(job_dir, modes.folder_mode(env))
+        # SLURM made the batch log beside it with the job's umask, in a log folder
+        # that may be the user's own and open to others.
+        log_file = batch_log(job_dir.parent, env.get("SLURM_JOB_NAME", ""), env["SLURM_JOB_ID"])
+        if log_file.is_file():
+            modes.restrict(log_file, modes.file_mode(env))
     with forwarding() as forwarder:
         run = Supervisor(
             env,

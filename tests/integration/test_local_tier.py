@@ -1,0 +1,165 @@
+"""The node-local tier and the modes of what a job writes, on real SLURM: two sandboxes
+on one machine run a job with the same id, cluster name, run and node names at the
+same time, and neither sees the other's node-local files; a job submitted under
+umask 000 gets a job folder and checkpoints only its owner can reach."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.node import local_folder
+from hpclaunch.sandbox.cluster import Sandbox
+from hpclaunch.sandbox.conf import SandboxSpec
+from tests.integration.helpers import wait_for
+from tests.integration.sandbox_fixture import Running, client_env, require_sandbox
+from tests.integration.training_jobs import EXAMPLES, submit
+
+pytestmark = pytest.mark.integration
+
+ONE_NODE = ("--nodes", "1", "--nproc-per-node", "2")
+# Each worker leaves its job's tag in its node-local folder, waits until the other
+# job's workers have left theirs (so both jobs' folders exist at once), and prints
+# what its own folder holds.
+SIDE_BY_SIDE = """\
+import json, os, sys, time
+from pathlib import Path
+
+tag, meet = sys.argv[1], Path(sys.argv[2])
+local = Path(os.environ["HPCLAUNCH_LOCAL_CHECKPOINT_DIR"])
+rank = os.environ["RANK"]
+(local / f"{tag}-{rank}").write_text(tag)
+(meet / f"{tag}-{rank}").write_text(str(local))
+deadline = time.monotonic() + 90
+while len(list(meet.iterdir())) < 4:
+    if time.monotonic() > deadline:
+        sys.exit("the other job's workers never came")
+    time.sleep(0.05)
+files = sorted(p.name for p in local.iterdir() if p.is_file())
+print("SEEN " + json.dumps({"local": str(local), "files": files}), flush=True)
+"""
+
+
+@pytest.fixture
+def two_sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Running]]:
+    """Two fresh 1-node sandboxes: both number their first job 1, both call their node
+    n1 and their cluster "sandbox"."""
+    require_sandbox()
+    boxes: list[Sandbox] = []
+    try:
+        running = []
+        for _ in range(2):
+            box = Sandbox(Path(tmp_path_factory.mktemp("sbx")))
+            boxes.append(box)
+            running.append(Running(box, box.up(SandboxSpec(nodes=1)), client_env(box)))
+        yield running
+    finally:
+        left = [leftover for box in boxes for leftover in box.down()]
+        assert not left, f"sandbox down left {left}"
+
+
+def seen(log: str) -> list[dict[str, object]]:
+    return [json.loads(m.group(1)) for m in re.finditer(r"SEEN (\{.*\})", log)]
+
+
+def test_two_sandboxes_with_the_same_job_id_never_share_node_local_files(
+    two_sandboxes: list[Running], tmp_path: Path
+) -> None:
+    script = tmp_path / "side_by_side.py"
+    script.write_text(SIDE_BY_SIDE)
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    jobs = {
+        tag: submit(run, tmp_path / tag, script, tag, str(meet), options=ONE_NODE)
+        for tag, run in zip("ab", two_sandboxes, strict=True)
+    }
+    assert jobs["a"].id == jobs["b"].id  # the collision under test
+    for job in jobs.values():
+        assert job.wait_end() == "COMPLETED", job.log
+    uid = os.getuid()
+    folders = set()
+    for tag, job in jobs.items():
+        reports = seen(job.log)
+        assert len(reports) == 2, job.log  # one for each worker
+        for report in reports:
+            assert report["files"] == [f"{tag}-0", f"{tag}-1"], job.log  # its own, only
+            folders.add(str(report["local"]))
+        assert len({str(r["local"]) for r in reports}) == 1
+    assert len(folders) == 2  # one folder each
+    for path in map(Path, folders):
+        assert path.name.startswith(f"hpclaunch-u{uid}-sandbox-{jobs['a'].id}-"), path
+        assert path.name.endswith("-0-n1"), path
+        # Gone with the agent, its lock with it.
+        assert not path.exists() and not Path(f"{path}{local_folder.LOCK_SUFFIX}").exists()
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder everyone may pass through (tmp_path is 0700, which would hide all)."""
+    folder = Path(tempfile.mkdtemp(prefix="hpclaunch-modes-", dir="/tmp"))
+    os.chmod(folder, 0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_under_umask_000_a_jobs_folders_and_checkpoints_are_its_owners(
+    sandbox: Running, open_umask: None, open_folder: Path
+) -> None:
+    ckpts = open_folder / "checkpoints" / "run"  # neither folder exists yet
+    logs = open_folder / "submit" / "logs"  # the user's log folder, open to all
+    logs.mkdir(parents=True)
+    os.chmod(logs, 0o755)
+    job = submit(
+        sandbox,
+        open_folder / "submit",
+        EXAMPLES / "train.py",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        checkpoint_dir=ckpts,
+    )
+    assert job.wait_end() == "COMPLETED", job.log
+    wait_for(lambda: job.committed() == [3, 6], what="both checkpoints")
+    assert mode(logs) == 0o755  # the user's: left as it was
+    assert mode(job.job_dir) == 0o700
+    assert mode(logs / f"train-{job.id}.out") == 0o600  # SLURM made it 0666 here
+    assert mode(ckpts.parent) == mode(ckpts) == 0o700  # both made by the job
+    for step in job.committed():
+        assert mode(ckpts / f"step-{step:012d}.pt") == 0o600
+    # What workers write inside keeps the umask's mode, but nobody else can reach it
+    # through the job folder.
+    inside = job.job_dir / "history.json"
+    assert mode(inside) & 0o004, oct(mode(inside))  # readable, were it reached
+    for path in (inside, ckpts / "step-000000000006.pt", logs / f"train-{job.id}.out"):
+        denied = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, path
