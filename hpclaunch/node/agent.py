@@ -193,9 +193,13 @@ def launch(
     What the workers start ends with their group (see hpclaunch.node.sweep), except
     ``helpers``: the pids of this process's children that run in sessions of their
     own and serve the whole job (the etcd sidecar); each must be named here."""
-    sweeper = Sweeper.start(spared=helpers)  # before any worker can leave an orphan
     key = local_folder.key(ctx, env, os.getuid(), local_folder.own_stamp())
-    local = local_folder.LocalFolder.open(key)
+    try:
+        local = local_folder.LocalFolder.open(key)
+    except HpclaunchError as exc:
+        log.error("%s", exc)
+        return 1
+    sweeper = Sweeper.start(spared=helpers)  # before any worker can leave an orphan
     for stale in local_folder.clear_stale(local.path.parent, key.uid, key.name):
         log.info("removed the node-local folder %s that no running job holds", stale)
     zygote = _fork_zygote() if starts_warm(opts) else None

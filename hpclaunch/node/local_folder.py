@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 CLUSTER_VAR = "SLURM_CLUSTER_NAME"
 LOCK_SUFFIX = ".lock"
 FOLDER_MODE = 0o700
+# How long a new agent tries for its lock: another agent clearing leftovers may hold it
+# for as long as it takes to remove one folder; a live agent holds it for good.
+CLAIM_WAIT_S = 5.0
+_CLAIM_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -172,10 +177,11 @@ def clear_stale(base: Path, uid: int, keep: str) -> list[Path]:
 
 def _lock(path: Path, uid: int, *, create: bool = True) -> int | None:
     """An exclusive lock on ``path`` (made 0600 when ``create``): its descriptor; None
-    when another process holds it; -1 when there is no lock file and ``create`` is
-    False (its folder's agent is gone). Raises HpclaunchError (a lock file of another
-    user's) or OSError."""
+    when another process holds it (for CLAIM_WAIT_S when ``create``); -1 when there is
+    no lock file and ``create`` is False (its folder's agent is gone). Raises
+    HpclaunchError (a lock file of another user's) or OSError."""
     flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    deadline = time.monotonic() + (CLAIM_WAIT_S if create else 0.0)
     while True:
         try:
             fd = os.open(path, flags, 0o600)
@@ -191,7 +197,10 @@ def _lock(path: Path, uid: int, *, create: bool = True) -> int | None:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                return None
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(_CLAIM_POLL_S)  # a clearing agent's, for a moment, or a live one's
+                continue
             try:
                 now = os.stat(path, follow_symlinks=False)
             except FileNotFoundError:

@@ -4,8 +4,10 @@ agent's folder or another user's files."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,7 +87,10 @@ def test_a_folder_is_made_afresh_owner_only_and_removed(tmp_path: Path, open_uma
     assert not left.exists() and not lock.exists()
 
 
-def test_a_name_held_by_a_live_agent_is_refused(tmp_path: Path) -> None:
+def test_a_name_held_by_a_live_agent_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_folder, "CLAIM_WAIT_S", 0.2)  # a live agent's is held for good
     live = LocalFolder.open(key(os.getuid()), tmp_path)
     try:
         with pytest.raises(HpclaunchError, match="held by another live agent"):
@@ -139,3 +144,23 @@ def test_leftovers_no_live_agent_holds_are_cleared(tmp_path: Path) -> None:
     finally:
         live.close()
         mine.close()
+
+
+def test_a_lock_a_clearing_agent_holds_for_a_moment_is_waited_for(tmp_path: Path) -> None:
+    mine = key(os.getuid())
+    lock = tmp_path / f"{mine.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def cleared() -> None:  # what clear_stale does with a lock it took: unlink, release
+        lock.unlink()
+        os.close(fd)
+
+    clearing = threading.Timer(0.3, cleared)
+    clearing.start()
+    folder = LocalFolder.open(mine, tmp_path)
+    clearing.join()
+    try:
+        assert folder.path.is_dir() and lock.is_file()  # a lock file of its own, made anew
+    finally:
+        folder.close()
