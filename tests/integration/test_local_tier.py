@@ -20,7 +20,7 @@ import pytest
 from hpclaunch.node import local_folder
 from hpclaunch.sandbox.cluster import Sandbox
 from hpclaunch.sandbox.conf import SandboxSpec
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import VENV_BIN, base_env, wait_for
 from tests.integration.sandbox_fixture import Running, client_env, require_sandbox
 from tests.integration.training_jobs import EXAMPLES, submit
 
@@ -100,6 +100,69 @@ def test_two_sandboxes_with_the_same_job_id_never_share_node_local_files(
         assert path.name.endswith("-0-n1"), path
         # Gone with the agent, its lock with it.
         assert not path.exists() and not Path(f"{path}{local_folder.LOCK_SUFFIX}").exists()
+
+
+def test_two_agents_of_one_job_id_on_one_node_never_share_files_and_clear_leftovers(
+    tmp_path: Path,
+) -> None:
+    """Without SLURM (its variables set by the test) and without a submission stamp:
+    two agents of job 4242 on node localhost of cluster "twin", at once; a leftover
+    folder of a job gone is cleared, and the old naming is neither read nor removed."""
+    script = tmp_path / "side_by_side.py"
+    script.write_text(SIDE_BY_SIDE)
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    shm = local_folder.base_folder()
+    gone = shm / f"{local_folder.prefix(os.getuid())}twin-4242-p1.1-0-localhost"
+    old = shm / "hpclaunch-4242-0-localhost"  # before the key: another job's, maybe
+    for folder in (gone, old):
+        (folder / "progress" / "attempt-0").mkdir(parents=True)
+        (folder / "progress" / "attempt-0" / "local-0.progress").write_text("stale")
+    env = base_env(
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_STEP_ID="0",
+        SLURM_CLUSTER_NAME="twin",
+    )
+    try:
+        agents = {
+            tag: subprocess.Popen(
+                [
+                    str(VENV_BIN / "hpclaunch"),
+                    "agent",
+                    "--nproc-per-node",
+                    "2",
+                    "--master-port",
+                    str(port),  # the port derived from the job id would be the same
+                    "--job-dir",
+                    str(tmp_path / tag),
+                    str(script),
+                    tag,
+                    str(meet),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for tag, port in (("a", 29611), ("b", 29612))
+        }
+        said = {tag: proc.communicate(timeout=120) for tag, proc in agents.items()}
+        for tag, proc in agents.items():
+            assert proc.returncode == 0, said[tag][1][-3000:]
+            reports = seen(said[tag][0])
+            assert [r["files"] for r in reports] == [[f"{tag}-0", f"{tag}-1"]] * 2, said[tag]
+        locals_ = {str(r["local"]) for out, _ in said.values() for r in seen(out)}
+        assert len(locals_) == 2
+        assert not gone.exists()
+        assert (old / "progress" / "attempt-0" / "local-0.progress").read_text() == "stale"
+        cleared = f"removed the node-local folder {gone} that no running job holds"
+        assert sum(cleared in err for _, err in said.values()) == 1
+    finally:
+        shutil.rmtree(gone, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @pytest.fixture
