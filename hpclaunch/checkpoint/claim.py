@@ -30,6 +30,7 @@ from hpclaunch.checkpoint.sharing import (
     decide,
 )
 from hpclaunch.errors import ExitCode, HpclaunchError
+from hpclaunch.jobdir import modes
 from hpclaunch.slurm.states import JobState
 
 if TYPE_CHECKING:
@@ -243,7 +244,7 @@ def claim_start(folder: Path, me: Owner, *, adopt: bool, slurm: Slurm | None) ->
             raise FolderTaken(decision, held)
         if decision.verdict is Verdict.OWN:
             return decision
-        folder.mkdir(parents=True, exist_ok=True)
+        modes.make_dirs(folder, modes.folder_mode(os.environ))
         if marker.take(folder, seen, me):
             return decision
     raise FolderTaken(

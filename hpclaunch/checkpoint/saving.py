@@ -34,7 +34,7 @@ from hpclaunch.checkpoint import local, manifest, store
 from hpclaunch.checkpoint.group import Ranks, attempt_tag
 from hpclaunch.checkpoint.state import find_numbered_optimizer, find_sharded
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
-from hpclaunch.jobdir import saves
+from hpclaunch.jobdir import modes, saves
 from hpclaunch.jobdir.atomic import fsync_folder, write_atomic
 from hpclaunch.jobdir.checkpoint_folder import METADATA
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
@@ -357,7 +357,9 @@ def _single_writer(
         manifest.write(manifest.sidecar(final), written)
 
     def write() -> bool:
-        if write_atomic(final, save_summed):
+        # Its folder may be the user's own, readable by others: the file is not.
+        mode = modes.file_mode(os.environ)
+        if write_atomic(final, save_summed, mode=mode):
             return True
         log.warning("%s exists already and was kept; save each step once", final)
         return False
@@ -374,8 +376,11 @@ def _sharded_writer(
     if ranks.rank == 0:
         try:
             store.remove(temp)  # a failed save's of this step in this attempt, if any
+            # Made here, owner-only (or the group's), before any rank writes into it:
+            # DCP would make it with the umask's mode, and it becomes the checkpoint.
+            modes.make_dirs(temp, modes.folder_mode(os.environ))
         except OSError as exc:  # not before the collective below: DCP will say it
-            log.warning("cannot remove %s: %s", temp, exc)
+            log.warning("cannot prepare %s: %s", temp, exc)
     # Every rank waits for that removal: DCP makes the folder as it plans, and another
     # rank's fresh folder must not be removed (or be half seen) by rank 0.
     ranks.first_true(False)

@@ -13,6 +13,7 @@ from pathlib import Path
 from hpclaunch.checkpoint.manifest import SIDECAR_SUFFIX, sidecar
 from hpclaunch.contract import worker_env
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir import modes
 from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX, NAME, TEMP, scan
 
 ENV_VAR = worker_env.CHECKPOINT_DIR
@@ -50,7 +51,8 @@ def reason_of(error: BaseException) -> str:
 
 
 def directory(folder: str | os.PathLike[str] | None = None) -> Path:
-    """``folder``, else ``$HPCLAUNCH_CHECKPOINT_DIR``; created if missing."""
+    """``folder``, else ``$HPCLAUNCH_CHECKPOINT_DIR``; created if missing (what is
+    created is the owner's only, or the group's too: hpclaunch.jobdir.modes)."""
     if folder is None:
         given = os.environ.get(ENV_VAR, "").strip()
         if not given:
@@ -61,7 +63,7 @@ def directory(folder: str | os.PathLike[str] | None = None) -> Path:
         folder = given
     path = Path(folder)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        modes.make_dirs(path, modes.folder_mode(os.environ))
     except OSError as exc:
         raise CheckpointError(f"cannot create the checkpoint folder {str(path)!r}: {exc}") from None
     return path

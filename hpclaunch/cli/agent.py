@@ -93,8 +93,12 @@ def _dry_run(
     """What ``--dry-run`` prints: the node context, the launch plan, the workers."""
     from hpclaunch.jobdir.layout import JobFolder
     from hpclaunch.node import agent as node_agent
-    from hpclaunch.node import launch_plan
+    from hpclaunch.node import launch_plan, local_folder
 
+    # The folder the agent would make (without HPCLAUNCH_SUBMITTED it would carry the
+    # agent's own process stamp; this process's is shown).
+    stamp = local_folder.own_stamp()
+    local = local_folder.key(ctx, obj.env, os.getuid(), stamp)
     launcher, launcher_args = launch_plan.launched_as(opts, os.getpid(), shutil.which("setpriv"))
     return {
         "context": {
@@ -120,5 +124,5 @@ def _dry_run(
         "worker_command": list(launch_plan.worker_command(opts)),
         "launched_as": [launcher, *launcher_args],
         "worker_start": "warm" if launch_plan.starts_warm(opts) else "fresh",
-        "worker_env": launch_plan.worker_env(ctx, opts.rdzv),
+        "worker_env": launch_plan.worker_env(ctx, opts.rdzv, local_folder.path_of(local)),
     }

@@ -415,6 +415,7 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
         return text, None
     # Only a submission needs these: --dry-run stays fast on a login node.
     from hpclaunch.cli import configure_logging
+    from hpclaunch.jobdir.modes import folder_mode
     from hpclaunch.ops import registry
     from hpclaunch.slurm.submit import submit
 
@@ -431,7 +432,9 @@ def _submit(obj: CliContext, spec: JobSpec, dry_run: bool) -> tuple[str, Submiss
             slurm=obj.slurm,
             spell=CLI,
         )
-    done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd)
+    # The job's own environment decides (hpclaunch.jobdir.modes): this one, and --env.
+    mode = folder_mode({**obj.env, **dict(spec.env)})
+    done = submit(text, obj.cwd / spec.log_dir, obj.slurm, cwd=obj.cwd, folder_mode=mode)
     problem = registry.note(
         obj.env, done.job_id, done.job_dir, spec.effective_job_name, obj.cwd, done.cluster
     )

@@ -26,6 +26,10 @@ LOCAL_CHECKPOINT_DIR = "HPCLAUNCH_LOCAL_CHECKPOINT_DIR"
 PROGRESS_FILE = "HPCLAUNCH_PROGRESS_FILE"
 STACKS_FILE = "HPCLAUNCH_STACKS_FILE"
 WATCHER_PID = "HPCLAUNCH_WATCHER_PID"
+# The submission's stamp (nanoseconds), which hpclaunch sbatch puts into sbatch's
+# environment and SLURM passes on to the job; the agent keys its node-local folder
+# with it (hpclaunch.node.local_folder). Not one of the workers' variables.
+SUBMITTED = "HPCLAUNCH_SUBMITTED"
 
 
 class SetBy(enum.Enum):

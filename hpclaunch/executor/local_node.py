@@ -28,6 +28,7 @@ from hpclaunch import checkpoint
 from hpclaunch.contract.agent import AgentSettings, EntryKind
 from hpclaunch.contract.rendezvous import C10dRdzv
 from hpclaunch.executor.local_settings import LocalSettings
+from hpclaunch.jobdir import modes
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 from hpclaunch.record.job_record import read_run
 from hpclaunch.slurm.env import NodeContext, derive_port
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     job_id = int(os.environ[JOB_ID_VAR])
     job = JobFolder.of(settings.log_dir, job_id)
     job_dir = job.root
-    job_dir.mkdir(parents=True, exist_ok=True)
+    modes.make_dirs(job_dir, modes.folder_mode(os.environ))  # the owner's: jobdir.modes
     requeue = _requeues(job)
     logging.basicConfig(
         level=logging.INFO, format=f"hpclaunch[local job {job_id}]: %(message)s", force=True

@@ -10,17 +10,24 @@ from typing import IO
 
 
 def write_atomic(
-    path: Path, write: Callable[[IO[bytes]], object], *, replace: bool = False
+    path: Path,
+    write: Callable[[IO[bytes]], object],
+    *,
+    replace: bool = False,
+    mode: int | None = None,
 ) -> bool:
     """Write ``path`` through ``write(file)`` so that it appears complete or not at all:
     a temporary file in the same folder, fsync, rename, fsync of the folder. Unless
     ``replace``, returns False (and writes nothing) when ``path`` already exists.
+    ``mode``: the file's mode, set before anything is written (else the umask's).
     Raises OSError, and whatever ``write`` raises (the temporary file is removed)."""
     if not replace and path.exists():
         return False
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(temp, "wb") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -24,18 +24,16 @@ from hpclaunch.contract.agent import AgentSettings, RankOrder
 from hpclaunch.contract.values import TimeoutField
 from hpclaunch.contract.worker_env import framework_env
 from hpclaunch.errors import HpclaunchError, SlurmError
-from hpclaunch.jobdir import failures, joblogs, unwritten
+from hpclaunch.jobdir import failures, joblogs, modes, unwritten
 from hpclaunch.jobdir.hangs import hang_block
 from hpclaunch.jobdir.layout import AttemptFolder, JobFolder, RankFile
-from hpclaunch.node import ports
+from hpclaunch.node import local_folder, ports
 from hpclaunch.node.hangs import Bounds, HangTimeout, Watch
 from hpclaunch.node.launch_plan import (
     HANDLED_SIGNALS,
     LaunchPlan,
     guarded,
     launched_as,
-    local_checkpoints,
-    stale_local_checkpoints,
     starts_warm,
     worker_command,
     worker_env,
@@ -115,7 +113,8 @@ def check_job_folder(ctx: NodeContext, opts: AgentSettings, env: Mapping[str, st
     logs = JobFolder(job_folder(ctx, opts, env)).logs
     probe = logs / f".write-test-{ctx.hostname}-{os.getpid()}"
     try:
-        logs.mkdir(parents=True, exist_ok=True)
+        modes.make_dirs(logs.parent, modes.folder_mode(env))  # where no script made it
+        logs.mkdir(exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
@@ -194,19 +193,25 @@ def launch(
     What the workers start ends with their group (see hpclaunch.node.sweep), except
     ``helpers``: the pids of this process's children that run in sessions of their
     own and serve the whole job (the etcd sidecar); each must be named here."""
+    key = local_folder.key(ctx, env, os.getuid(), local_folder.own_stamp())
+    try:
+        local = local_folder.LocalFolder.open(key)
+    except HpclaunchError as exc:
+        log.error("%s", exc)
+        return 1
     sweeper = Sweeper.start(spared=helpers)  # before any worker can leave an orphan
-    for stale in stale_local_checkpoints(ctx):
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in local_folder.clear_stale(local.path.parent, key.uid, key.name):
+        log.info("removed the node-local folder %s that no running job holds", stale)
     zygote = _fork_zygote() if starts_warm(opts) else None
     try:
-        return _launch(ctx, opts, settings, env, zygote, sweeper)
+        return _launch(ctx, opts, settings, env, zygote, sweeper, local.path)
     finally:
         if zygote is not None:
             zygote.close()
         # torch has read its workers' status by now: every adopted zombie is reaped.
         sweeper.sweep("as the agent ends", owned=(), final=True)
         # Node-local checkpoint copies serve in-place restarts only: gone with the agent.
-        shutil.rmtree(local_checkpoints(ctx), ignore_errors=True)
+        local.close()
 
 
 def _fork_zygote() -> Zygote | None:
@@ -249,6 +254,7 @@ def _launch(
     env: Mapping[str, str],
     zygote: Zygote | None,
     sweeper: Sweeper,
+    local: Path,
 ) -> int:
     # The launcher first: it checks torch's version before torch's internals load.
     from hpclaunch.node.launcher import (
@@ -279,13 +285,13 @@ def _launch(
         settings.rdzv_endpoint,
         logs.root_log_dir,
     )
-    watch = _hang_watch(ctx, opts, job)
+    watch = _hang_watch(ctx, opts, job, local)
     try:
         run_agent(
             LaunchConfig(**settings.launch_config_kwargs(), logs_specs=logs),
             command,
             args,
-            worker_env=lambda attempt: _worker_env(ctx, opts, attempt),
+            worker_env=lambda attempt: _worker_env(ctx, opts, local, attempt),
             on_failure=_recorder(ctx, job, logs),
             monitor_wait_s=opts.monitor_interval_s,
             start_processes=start,
@@ -314,11 +320,11 @@ def _launch(
     return 0
 
 
-def _hang_watch(ctx: NodeContext, opts: AgentSettings, job: Path) -> Watch:
-    """This node's hang watch (hpclaunch.node.hangs), its files beside the node-local
-    checkpoint copies (node memory, removed with the agent)."""
+def _hang_watch(ctx: NodeContext, opts: AgentSettings, job: Path, local: Path) -> Watch:
+    """This node's hang watch (hpclaunch.node.hangs), its files in this agent's
+    node-local folder ``local``, beside the node-local checkpoint copies."""
     return Watch(
-        local_checkpoints(ctx),
+        local,
         JobFolder(job),
         node=ctx.hostname,
         node_rank=ctx.node_rank,
@@ -332,10 +338,13 @@ def _hang_watch(ctx: NodeContext, opts: AgentSettings, job: Path) -> Watch:
     )
 
 
-def _worker_env(ctx: NodeContext, opts: AgentSettings, attempt: int) -> dict[str, str]:
+def _worker_env(ctx: NodeContext, opts: AgentSettings, local: Path, attempt: int) -> dict[str, str]:
     """hpclaunch's part of the workers' environment for ``attempt``, and what frameworks
     need to be distributed on this node (hpclaunch.contract.worker_env.framework_env)."""
-    return {**worker_env(ctx, opts.rdzv, attempt), **framework_env(os.environ, _gpu_devices())}
+    return {
+        **worker_env(ctx, opts.rdzv, local, attempt),
+        **framework_env(os.environ, _gpu_devices()),
+    }
 
 
 def _gpu_devices() -> list[str]:

@@ -6,9 +6,7 @@ node-local checkpoint folder. No torch; the only I/O is finding the node-local f
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,40 +175,17 @@ def launch_settings(
     )
 
 
-def worker_env(ctx: NodeContext, rdzv: str, attempt: int | None = None) -> dict[str, str]:
-    """hpclaunch's part of the worker environment for backend ``rdzv`` (a --rdzv name)
-    and ``attempt`` (see hpclaunch.contract.worker_env); torch adds torchrun's variables."""
+def worker_env(
+    ctx: NodeContext, rdzv: str, local: Path, attempt: int | None = None
+) -> dict[str, str]:
+    """hpclaunch's part of the worker environment for backend ``rdzv`` (a --rdzv name),
+    node-local folder ``local`` (hpclaunch.node.local_folder) and ``attempt`` (see
+    hpclaunch.contract.worker_env); torch adds torchrun's variables."""
     return build_worker_env(
         ctx.job_id,
         ctx.restart_count,
         ctx.node_rank,
         attempt,
         backends.BACKENDS[rdzv].worker_env,
-        str(local_checkpoints(ctx)),
+        str(local),
     )
-
-
-def local_checkpoints(ctx: NodeContext, base: Path | None = None) -> Path:
-    """This node's folder for node-local checkpoint copies: in node memory (/dev/shm)
-    where there is one, else the temporary folder; one per job, run and node (the
-    sandbox's nodes share one machine). It lives as long as this node's agent, which
-    is what in-place restarts need; a requeued run starts without it."""
-    if base is None:
-        base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
-    return base / _safe(f"hpclaunch-{ctx.job_id}-{ctx.restart_count}-{ctx.hostname}")
-
-
-def stale_local_checkpoints(ctx: NodeContext, base: Path | None = None) -> list[Path]:
-    """This job's node-local folders on this node from earlier runs: an agent killed
-    by SLURM (after KillWait) could not remove its own."""
-    current = local_checkpoints(ctx, base)
-    prefix, suffix = _safe(f"hpclaunch-{ctx.job_id}-"), _safe(f"-{ctx.hostname}")
-    return [
-        path
-        for path in current.parent.glob(f"{prefix}*{suffix}")
-        if path != current and path.name[len(prefix) : -len(suffix)].isdigit()
-    ]
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)

@@ -26,10 +26,10 @@ from hpclaunch.contract.supervisor import (
 )
 from hpclaunch.contract.worker_env import CHECKPOINT_DIR as CHECKPOINT_DIR_VAR
 from hpclaunch.errors import ExitCode, HpclaunchError, SlurmError
-from hpclaunch.jobdir import failures, hangs, history_store, saves
+from hpclaunch.jobdir import failures, hangs, history_store, modes, saves
 from hpclaunch.jobdir.found_checkpoints import absolute, submit_dir
 from hpclaunch.jobdir.history import History, HistoryError, Run, finish
-from hpclaunch.jobdir.layout import JobFolder
+from hpclaunch.jobdir.layout import JobFolder, batch_log
 from hpclaunch.jobdir.unwritten import Unwritten
 from hpclaunch.record import checkpoints, lost_work
 from hpclaunch.record.attempts import of_job
@@ -77,7 +77,15 @@ def supervise(
     for ``slurm_patience_s``. ``checkpoint_patterns`` go into the history, relative
     ones from SLURM_SUBMIT_DIR. A stopped srun or a silent agent is acted on after
     ``watch_timeout_s`` (hpclaunch.recovery.watch). Returns the supervisor's exit status. Raises
-    StepNotFound, HistoryError."""
+    StepNotFound, HistoryError, HpclaunchError (HPCLAUNCH_SHARE_WITH_GROUP is neither
+    yes nor no)."""
+    if job_dir is not None and job_dir.is_dir():  # made by the script's mkdir -p
+        modes.restrict(job_dir, modes.folder_mode(env))
+        # SLURM made the batch log beside it with the job's umask, in a log folder
+        # that may be the user's own and open to others.
+        log_file = batch_log(job_dir.parent, env.get("SLURM_JOB_NAME", ""), env["SLURM_JOB_ID"])
+        if log_file.is_file():
+            modes.restrict(log_file, modes.file_mode(env))
     with forwarding() as forwarder:
         run = Supervisor(
             env,

@@ -16,7 +16,6 @@ from hpclaunch.node.agent import job_folder
 from hpclaunch.node.launch_plan import (
     guarded,
     launch_settings,
-    stale_local_checkpoints,
     worker_command,
     worker_env,
 )
@@ -139,32 +138,15 @@ def test_worker_command_and_env() -> None:
         "/usr/bin/setpriv",
         ("--pdeathsig", "KILL", "--", "/bin/app", "a"),
     )
-    env = worker_env(NodeContext.from_env(ENV), "c10d")
-    local = env.pop("HPCLAUNCH_LOCAL_CHECKPOINT_DIR")
+    local = Path("/dev/shm/hpclaunch-u1000-c-77-5-2-n2")
+    env = worker_env(NodeContext.from_env(ENV), "c10d", local)
     assert env == {
         "HPCLAUNCH_JOB_ID": "77",
         "HPCLAUNCH_REQUEUE_COUNT": "2",
         "HPCLAUNCH_NODE_RANK": "1",
+        "HPCLAUNCH_LOCAL_CHECKPOINT_DIR": str(local),
     }
-    # One folder per job, run and node, in node memory where there is some.
-    assert Path(local).name == "hpclaunch-77-2-n2" and Path(local).parent.is_dir()
-
-
-def test_earlier_runs_node_local_folders_are_found_for_removal(tmp_path: Path) -> None:
-    ctx = NodeContext.from_env(ENV)  # job 77, run 2, on n2
-    names = [
-        "hpclaunch-77-0-n2",
-        "hpclaunch-77-1-n2",
-        "hpclaunch-77-2-n2",  # ours: run 2
-        "hpclaunch-77-1-n22",
-        "hpclaunch-77-1-gpu-n2",
-        "hpclaunch-771-0-n2",
-    ]
-    for name in names:
-        (tmp_path / name).mkdir()
-    stale = sorted(p.name for p in stale_local_checkpoints(ctx, tmp_path))
-    assert stale == ["hpclaunch-77-0-n2", "hpclaunch-77-1-n2"]
-    static = worker_env(NodeContext.from_env(ENV), "static")
+    static = worker_env(NodeContext.from_env(ENV), "static", local)
     assert static["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
@@ -205,7 +187,8 @@ def test_a_backend_is_one_table_row() -> None:
     plan = launch_settings(ctx, AgentSettings("t.py", rdzv="static"), "n1", "n2")
     assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("static", "n1:15077")
     assert plan.launch_config_kwargs()["rdzv_configs"] == {"rank": 1}
-    assert worker_env(ctx, "static")["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    local = Path("/dev/shm/x")
+    assert worker_env(ctx, "static", local)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_a_bad_rendezvous_value_names_its_option() -> None:

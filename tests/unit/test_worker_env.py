@@ -23,6 +23,7 @@ CTX = NodeContext(
     nproc_source="--nproc-per-node",
     master_port=15066,
 )
+LOCAL = Path("/dev/shm/hpclaunch-u1000-c-66-1-2-n2")
 
 
 def _documented() -> set[str]:
@@ -38,14 +39,14 @@ def test_docs_list_every_hpclaunch_variable_and_no_other() -> None:
 
 def test_the_agent_sets_its_variables_for_each_attempt() -> None:
     agent_set = {var.name for var in WORKER_VARS if var.set_by is SetBy.AGENT}
-    env = agent_worker_env(CTX, "c10d", attempt=3)
+    env = agent_worker_env(CTX, "c10d", LOCAL, attempt=3)
     assert set(env) == agent_set
     assert env[worker_env.ATTEMPT] == "3" and env[worker_env.REQUEUE_COUNT] == "2"
     assert env[worker_env.NODE_RANK] == "1" and env[worker_env.JOB_ID] == "66"
     # Before any round (hpclaunch agent --dry-run) there is no attempt yet.
-    assert worker_env.ATTEMPT not in agent_worker_env(CTX, "c10d")
+    assert worker_env.ATTEMPT not in agent_worker_env(CTX, "c10d", LOCAL)
     # A backend adds what it needs, after hpclaunch's own.
-    assert agent_worker_env(CTX, "static", 0)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert agent_worker_env(CTX, "static", LOCAL, 0)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_the_script_exports_the_variables_it_sets() -> None:
