@@ -110,9 +110,10 @@ def location(checkpoint: Path) -> Path:
     return sidecar(checkpoint) if checkpoint.name.endswith(".pt") else checkpoint / NAME
 
 
-def write(path: Path, manifest: Manifest) -> None:
-    """Write ``manifest`` to ``path`` atomically (fsynced). Raises OSError."""
-    write_bytes_atomic(path, manifest.to_json().encode())
+def write(path: Path, manifest: Manifest, *, mode: int | None = None) -> None:
+    """Write ``manifest`` to ``path`` atomically (fsynced); ``mode``: the file's (else
+    the umask's). Raises OSError."""
+    write_bytes_atomic(path, manifest.to_json().encode(), mode=mode)
 
 
 def write_part(folder: Path, rank: int, files: Mapping[str, FileSum]) -> None:

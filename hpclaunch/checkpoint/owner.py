@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobdir import modes
 from hpclaunch.jobdir.atomic import fsync_folder, write_bytes_atomic
 
 MARKERS = ".hpclaunch-owner.N.json"  # for messages (the files are numbered)
@@ -154,8 +155,11 @@ def take(folder: Path, seen: int, owner: Owner) -> bool:
 def _place(folder: Path, path: Path, data: bytes) -> bool:
     """Create ``path`` holding ``data`` if it does not exist; False when it does."""
     temp = folder / f".hpclaunch-owner.new-{os.getpid()}-{time.monotonic_ns()}"
+    # The folder may be the user's own, and the umask anything: others must not be
+    # able to overwrite the marker (and take the folder, or stop the job taking it).
+    mode = modes.file_mode(os.environ)
     try:
-        write_bytes_atomic(temp, data)
+        write_bytes_atomic(temp, data, mode=mode)
         os.link(temp, path)  # fails when the name exists: one creator wins
         return True
     except FileExistsError:
@@ -166,10 +170,11 @@ def _place(folder: Path, path: Path, data: bytes) -> bool:
     finally:
         temp.unlink(missing_ok=True)
     try:  # no hard links here: O_EXCL, which readers may find half-written
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     except FileExistsError:
         return False
     with os.fdopen(fd, "wb") as file:
+        os.fchmod(fd, mode)  # the umask may have taken the group's bits: set it whole
         file.write(data)
         file.flush()
         os.fsync(file.fileno())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import operator
 import os
 import threading
 import time
@@ -184,21 +185,30 @@ def save(
     return once the state is staged in host memory (see the module's text). Keeps
     the newest ``keep_last`` committed checkpoints. ``local_copy``: every rank also
     keeps its shards in node memory for a fast in-place restart
-    (``hpclaunch.checkpoint.local``). Raises CheckpointError for a state or folder
-    it cannot save, for a failed write, and for a failed earlier asynchronous save."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be at least 1, not {keep_last}")
+    (``hpclaunch.checkpoint.local``).
+
+    Raises on every rank, before anything is written, when any rank cannot save: the
+    rank that cannot raises its own error (CheckpointError for a state, step, folder or
+    ``local_copy`` it cannot save or a state it cannot copy into host memory, ValueError
+    for a step out of range or ``keep_last`` below 1, HpclaunchError for an unreadable
+    HPCLAUNCH_SHARE_WITH_GROUP), the others CheckpointError naming it; so do ranks that
+    pass different steps, forms or ``local_copy``. Raises CheckpointError on every rank
+    for a failed write, and for a failed earlier asynchronous save."""
     started = time.monotonic()  # training waits from here, for the save in flight too
     _saver.wait()
     ranks = Ranks.now()
     # What this rank would refuse, and the form it would write, are agreed by every rank
     # before anything is written: a rank that refused alone, or wrote the other form,
-    # would leave the others waiting in the save's collectives for good.
+    # would leave the others waiting in the save's collectives for good. So whatever
+    # can fail on one rank alone (checks, modes, the copy into host memory) happens
+    # here, and any Exception is a refusal every rank learns of.
     refusal: Exception | None = None
-    as_shards, keep_local, final = False, None, Path()
+    as_shards, keep_local, final, staged, file_mode, folder_mode = False, None, Path(), None, 0, 0
     try:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, not {keep_last}")
         root = store.directory(folder)
-        store.check_step(step)
+        step = store.check_step(_step_of(step))
         as_shards = _form(state, sharded)
         if local_copy and not as_shards:
             raise CheckpointError(
@@ -208,11 +218,17 @@ def save(
             )
         keep_local = local.root(ranks) if local_copy else None
         final = store.path_for(root, step, sharded=as_shards)
-    except (CheckpointError, ValueError) as exc:  # ValueError: a step out of range
+        # Its folder may be the user's own, readable by others: what it writes is not.
+        file_mode, folder_mode = modes.file_mode(os.environ), modes.folder_mode(os.environ)
+        if asynchronous and (as_shards or ranks.rank == 0):  # the ranks that write
+            staged = _stage(state, step)
+    except Exception as exc:  # any of them is this rank's refusal, shared
         refusal = exc
-    _agree(ranks, step, refusal, as_shards)
+    _agree(ranks, step, refusal, as_shards, local_copy)
     writer = _sharded_writer if as_shards else _single_writer
-    data, write = writer(state, step, final, asynchronous, ranks)
+    data, write = writer(
+        state if staged is None else staged, step, final, ranks, file_mode, folder_mode
+    )
     job = _Save(step, final, keep_last, ranks, data, write, keep_local, asynchronous, started)
     if ranks.rank == 0:  # the one that writes the save's record
         job.steps_done = progress.steps_done()
@@ -236,6 +252,29 @@ def _checked(save: _Save, run: Callable[[], Checkpoint]) -> Checkpoint:
         raise CheckpointError(  # one line: a failure record keeps an error's last line
             f"the {how} of step {save.step} ({save.final}) failed: {store.reason_of(exc)}; "
             "it was not committed, the previous checkpoints stay"
+        ) from exc
+
+
+def _step_of(step: Any) -> int:
+    """``step`` as an int (any integer type: a numpy or 0-d torch integer too)."""
+    try:
+        return operator.index(step)
+    except TypeError:
+        raise CheckpointError(
+            f"checkpoint.save takes the step as an integer, not {step!r} (a "
+            f"{type(step).__name__}); pass the training's step count"
+        ) from None
+
+
+def _stage(state: Mapping[str, Any], step: int) -> dict[str, Any]:
+    """``state`` copied into host memory; CheckpointError naming what could not be."""
+    try:
+        return _saver.stage(state)
+    except Exception as exc:  # torch's copy raises what the object does
+        raise CheckpointError(  # one line: a failure record keeps an error's last line
+            f"the asynchronous save of step {step} cannot copy the state into host memory: "
+            f"{type(exc).__name__}: {exc}; save only tensors and plain values (or save "
+            "without asynchronous=True); nothing was written"
         ) from exc
 
 
@@ -275,20 +314,26 @@ def in_flight() -> int | None:
     return None if pending is None or pending[1].done() else pending[0].step
 
 
-def _agree(ranks: Ranks, step: int, refusal: Exception | None, as_shards: bool) -> None:
+def _agree(
+    ranks: Ranks, step: int, refusal: Exception | None, as_shards: bool, local_copy: bool
+) -> None:
     """Raise on every rank when any rank refused the save, when the ranks would write
-    different forms, or save different steps (one collective)."""
+    different forms, save different steps, or some keep a local copy and others not
+    (one collective)."""
 
     def lowest(flag: bool) -> int:
         return ranks.rank if flag else ranks.world
 
-    refused, shards, one_file, low, minus_high = ranks.minimum(
-        lowest(refusal is not None),
-        lowest(as_shards and refusal is None),
-        lowest(not as_shards and refusal is None),
+    ok = refusal is None
+    refused, shards, one_file, with_copy, without_copy, low, minus_high = ranks.minimum(
+        lowest(not ok),
+        lowest(as_shards and ok),
+        lowest(not as_shards and ok),
+        lowest(bool(local_copy) and ok),
+        lowest(not local_copy and ok),
         # A rank that refused may hold no number for a step: its refusal is said first.
-        0 if refusal is not None else int(step),
-        0 if refusal is not None else -int(step),
+        int(step) if ok else 0,
+        -int(step) if ok else 0,
     )
     if refusal is not None:
         raise refusal
@@ -309,6 +354,13 @@ def _agree(ranks: Ranks, step: int, refusal: Exception | None, as_shards: bool) 
             f"DTensor, or an object with state_dict()), rank {one_file}'s holds none, so they "
             "would write different forms; give every rank the same kind of state, or pass "
             "sharded=True so that every rank writes its part; nothing was written"
+        )
+    if with_copy < ranks.world and without_copy < ranks.world:
+        # Only the ranks with a copy would wait for rank 0's word that it committed.
+        raise CheckpointError(
+            f"checkpoint.save of step {step} was called with local_copy=True on rank "
+            f"{with_copy} and local_copy=False on rank {without_copy}: every rank passes the "
+            "same local_copy (it is a collective); nothing was written"
         )
 
 
@@ -339,13 +391,14 @@ def _form(state: Mapping[str, Any], sharded: bool | None) -> bool:
 
 
 def _single_writer(
-    state: Mapping[str, Any], step: int, final: Path, asynchronous: bool, ranks: Ranks
+    state: Mapping[str, Any], step: int, final: Path, ranks: Ranks, file_mode: int, _: int
 ) -> tuple[dict[str, Any], Callable[[], bool]]:
+    """Rank 0 writes ``state`` (staged already, when asynchronous)."""
     import torch
 
     if ranks.rank != 0:
         return {}, lambda: False
-    data = _saver.stage(state) if asynchronous else dict(state)
+    data = dict(state)
 
     def save_summed(handle: IO[bytes]) -> None:
         torch.save(data, handle)
@@ -354,12 +407,10 @@ def _single_writer(
         # a committed one-file checkpoint always has its manifest.
         files = {final.name: manifest.checksum(Path(handle.name))}
         written = manifest.Manifest(step, ranks.world, manifest.LAYOUT, files)
-        manifest.write(manifest.sidecar(final), written)
+        manifest.write(manifest.sidecar(final), written, mode=file_mode)
 
     def write() -> bool:
-        # Its folder may be the user's own, readable by others: the file is not.
-        mode = modes.file_mode(os.environ)
-        if write_atomic(final, save_summed, mode=mode):
+        if write_atomic(final, save_summed, mode=file_mode):
             return True
         log.warning("%s exists already and was kept; save each step once", final)
         return False
@@ -368,8 +419,9 @@ def _single_writer(
 
 
 def _sharded_writer(
-    state: Mapping[str, Any], step: int, final: Path, asynchronous: bool, ranks: Ranks
+    state: Mapping[str, Any], step: int, final: Path, ranks: Ranks, _: int, folder_mode: int
 ) -> tuple[dict[str, Any], Callable[[], bool]]:
+    """Every rank writes its part of ``state`` (staged already, when asynchronous)."""
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     temp = store.temp_for(final, attempt_tag())
@@ -378,13 +430,13 @@ def _sharded_writer(
             store.remove(temp)  # a failed save's of this step in this attempt, if any
             # Made here, owner-only (or the group's), before any rank writes into it:
             # DCP would make it with the umask's mode, and it becomes the checkpoint.
-            modes.make_dirs(temp, modes.folder_mode(os.environ))
+            modes.make_dirs(temp, folder_mode)
         except OSError as exc:  # not before the collective below: DCP will say it
             log.warning("cannot prepare %s: %s", temp, exc)
     # Every rank waits for that removal: DCP makes the folder as it plans, and another
     # rank's fresh folder must not be removed (or be half seen) by rank 0.
     ranks.first_true(False)
-    data = _saver.stage(state) if asynchronous else dict(state)
+    data = dict(state)
     writer = _summing_writer(temp, ranks.rank)
 
     def write() -> bool:

@@ -39,9 +39,10 @@ def write_atomic(
     return True
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically (see write_atomic). Raises OSError."""
-    write_atomic(path, lambda handle: handle.write(data), replace=True)
+def write_bytes_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` by ``data`` atomically (see write_atomic; ``mode`` as there).
+    Raises OSError."""
+    write_atomic(path, lambda handle: handle.write(data), replace=True, mode=mode)
 
 
 def fsync_folder(folder: Path) -> None:

@@ -600,3 +600,118 @@ def test_state_that_cannot_be_saved_is_refused_on_every_rank_before_any_write(
         )
         assert out["names_after_refusals"] == []  # not even a temporary folder
         assert out["names"] == ["step-000000000009"]
+
+
+# 2 ranks hand save() what only one of them cannot save, or arguments that differ, each
+# failing before the agreement (a copy into host memory, a step that is no number, a
+# keep_last below 1, a state too deep, a bad HPCLAUNCH_SHARE_WITH_GROUP, local_copy on
+# one rank); every rank must raise at that save (none left waiting in a collective, in
+# the training's thread or the save's), nothing be written, and a good asynchronous save
+# work after them. Rank R writes OUT/one-rank-R.json: {case: [error type, message]}.
+ONE_RANK = """
+import json, os, sys, threading, torch, torch.distributed as dist
+from hpclaunch import checkpoint
+
+folder = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+good = {"w": torch.arange(6.0)}
+out = {}
+
+def outcome(case, call):
+    try:
+        call()
+        checkpoint.wait()
+    except Exception as exc:
+        out[case] = [type(exc).__name__, str(exc)]
+    else:
+        out[case] = None
+
+def deep():
+    nested = {}
+    nested["again"] = nested
+    return nested
+
+# The one-file form: rank 0 alone copies the state; the sharded form: every rank does.
+unpicklable = {"w": torch.arange(6.0), "it": threading.Lock()}
+outcome("stage_one_file", lambda: checkpoint.save(
+    unpicklable if rank == 0 else good, 1, folder=folder, asynchronous=True))
+outcome("stage_sharded", lambda: checkpoint.save(
+    unpicklable if rank == 1 else good, 2, folder=folder, asynchronous=True, sharded=True))
+outcome("step_not_a_number", lambda: checkpoint.save(good, "3" if rank else 3, folder=folder))
+outcome("keep_last", lambda: checkpoint.save(good, 4, folder=folder, keep_last=0 if rank else 2))
+outcome("too_deep", lambda: checkpoint.save(deep() if rank else good, 5, folder=folder))
+os.environ["HPCLAUNCH_SHARE_WITH_GROUP"] = "maybe" if rank else "1"
+outcome("modes", lambda: checkpoint.save(good, 6, folder=folder))
+del os.environ["HPCLAUNCH_SHARE_WITH_GROUP"]
+outcome("local_copy", lambda: checkpoint.save(
+    good, 7, folder=folder, sharded=True, local_copy=rank == 0))
+out["names_after_refusals"] = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+checkpoint.save(good, 9, folder=folder, asynchronous=True)
+checkpoint.wait()
+out["names"] = sorted(os.listdir(folder))
+with open(os.path.join(sys.argv[2], f"one-rank-{rank}.json"), "w") as handle:
+    json.dump(out, handle)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_what_fails_on_one_rank_before_the_agreement_raises_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    driver = tmp_path / "one_rank.py"
+    driver.write_text(ONE_RANK)
+    folder = tmp_path / "ckpt"
+    done = subprocess.run(
+        [
+            str(VENV_BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node=2",
+            str(driver),
+            str(folder),
+            str(tmp_path),
+        ],
+        env=base_env(
+            PYTHONWARNINGS="ignore::UserWarning",
+            OMP_NUM_THREADS="1",
+            HPCLAUNCH_LOCAL_CHECKPOINT_DIR=str(tmp_path / "node-local"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,  # a rank left waiting in a collective would stop the run here
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_rank = {r: json.loads((tmp_path / f"one-rank-{r}.json").read_text()) for r in range(2)}
+    # (case, the rank that cannot, the start of its own error); the other rank names it.
+    cases = [
+        ("stage_one_file", 0, ["CheckpointError", "the asynchronous save of step 1 cannot copy"]),
+        ("stage_sharded", 1, ["CheckpointError", "the asynchronous save of step 2 cannot copy"]),
+        ("step_not_a_number", 1, ["CheckpointError", "checkpoint.save takes the step as an"]),
+        ("keep_last", 1, ["ValueError", "keep_last must be at least 1, not 0"]),
+        ("too_deep", 1, ["RecursionError", ""]),
+        ("modes", 1, ["HpclaunchError", "HPCLAUNCH_SHARE_WITH_GROUP='maybe' (from the"]),
+    ]
+    steps = {"step_not_a_number": 3, "keep_last": 4, "too_deep": 5, "modes": 6}
+    for case, cannot, (kind, start) in cases:
+        own, other = by_rank[cannot][case], by_rank[1 - cannot][case]
+        assert own[0] == kind and own[1].startswith(start), (case, own)
+        step = steps.get(case, 1 if case == "stage_one_file" else 2)
+        assert other == [
+            "CheckpointError",
+            f"checkpoint.save of step {step} was refused on rank {cannot} (its error says "
+            "why); nothing was written",
+        ], (case, other)
+    assert "TypeError: cannot pickle '_thread.lock' object" in by_rank[0]["stage_one_file"][1]
+    for rank, out in by_rank.items():
+        assert out["local_copy"] == [
+            "CheckpointError",
+            "checkpoint.save of step 7 was called with local_copy=True on rank 0 and "
+            "local_copy=False on rank 1: every rank passes the same local_copy (it is a "
+            "collective); nothing was written",
+        ], rank
+        assert out["names_after_refusals"] == []  # not even a temporary folder
+        assert out["names"] == ["step-000000000009.pt", "step-000000000009.pt.manifest.json"]

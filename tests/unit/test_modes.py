@@ -3,6 +3,7 @@ when the job asks, never everyone, whatever the umask."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -64,3 +65,37 @@ def test_a_checkpoint_folder_and_file_are_private_under_umask_000(
     target = folder / "step-000000000001.pt"
     assert write_atomic(target, lambda handle: handle.write(b"x"), mode=0o600)
     assert mode(target) == 0o600
+
+
+@pytest.mark.parametrize(("share", "expected"), [("", 0o600), ("1", 0o640)])
+def test_what_a_save_and_the_owner_marker_write_into_a_users_folder_keeps_others_out(
+    tmp_path: Path,
+    open_umask: None,
+    monkeypatch: pytest.MonkeyPatch,
+    share: str,
+    expected: int,
+) -> None:
+    """Under umask 000, in a 0755 folder the user made (as --checkpoint-dir may be):
+    the checkpoint, its manifest and the owner marker are never writable by others."""
+    import torch
+
+    from hpclaunch import checkpoint
+    from hpclaunch.checkpoint import manifest, owner
+
+    monkeypatch.setenv("HPCLAUNCH_SHARE_WITH_GROUP", share)
+    users = tmp_path / "users"
+    users.mkdir(0o755)
+    saved = checkpoint.save({"w": torch.ones(2)}, 1, folder=users)
+    assert (mode(users), mode(saved), mode(manifest.sidecar(saved))) == (0o755,) + (expected,) * 2
+    job = owner.Owner(owner.Kind.SLURM, "41", "train", "someone", "login1")
+    assert owner.create(users, job)
+    [marker] = users.glob(".hpclaunch-owner.*.json")
+    assert mode(marker) == expected
+
+    def no_links(src: str | Path, dst: str | Path) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")  # CIFS, some FUSE mounts
+
+    monkeypatch.setattr(os, "link", no_links)  # the exclusive create's path
+    assert owner.take(users, 1, job)
+    [marker] = users.glob(".hpclaunch-owner.*.json")
+    assert marker.name == ".hpclaunch-owner.2.json" and mode(marker) == expected
