@@ -30,8 +30,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect (not skip) the gpu tests unless --gpu: CPU-only CI never sees them."""
+    """Keep each module's tests on one pytest-xdist worker (scripts/test runs several
+    with --dist loadgroup) unless the module names a group shared with other modules:
+    its tests share module fixtures (a training job, an uninterrupted reference run) that
+    a second worker would repeat. Then deselect (not skip) the gpu tests unless --gpu:
+    CPU-only CI never sees them."""
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     if config.getoption("--gpu"):
         return
     gpu = [item for item in items if item.get_closest_marker("gpu")]

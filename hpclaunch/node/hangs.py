@@ -632,8 +632,12 @@ class Watch:
 
     def _wall(self, monotonic: float) -> float:
         """The wall time of a worker's CLOCK_MONOTONIC time, both clocks read now (not
-        at the note's start: what it did since would be added)."""
-        return time.time() - (self._clock() - monotonic)
+        at the note's start: what it did since would be added). The monotonic clock is
+        read first: a pause between the two reads (a loaded machine) then makes the result
+        later, never earlier than the step, which would put a first step before its
+        attempt's begin."""
+        now = self._clock()
+        return time.time() - (now - monotonic)
 
     def ended(self) -> None:
         """The attempt's group has ended: its last progress note, and its end and last

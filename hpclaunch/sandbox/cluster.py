@@ -147,29 +147,32 @@ class Sandbox:
                 if left:
                     raise SandboxError(f"could not clear the old sandbox: {', '.join(left)}")
             self._claim_folder()
-            mode = placement.choose_mode(spec.mode)
-            place = placement.place(self.state_dir, spec, mode)
-            lay = conf.layout(self.state_dir, spec, mode, place)
-            record = SandboxState(spec, mode, place)
-            state.write(self.state_file, record)
-            try:
-                files.prepare_files(lay)
-                if mode is Mode.NETNS:
-                    net.create(lay)
-                procs: dict[str, Tracked] = {}
+            # Held from choosing the subnet, link names and ports until the daemons
+            # listen on them: two sandboxes coming up at once would otherwise pick the same.
+            with placement.machine_lock():
+                mode = placement.choose_mode(spec.mode)
+                place = placement.place(self.state_dir, spec, mode)
+                lay = conf.layout(self.state_dir, spec, mode, place)
+                record = SandboxState(spec, mode, place)
+                state.write(self.state_file, record)
+                try:
+                    files.prepare_files(lay)
+                    if mode is Mode.NETNS:
+                        net.create(lay)
+                    procs: dict[str, Tracked] = {}
 
-                def keep(name: str, tracked: Tracked) -> None:  # recorded at once: a failed
-                    procs[name] = tracked  # up can then be torn down
-                    state.write(self.state_file, replace(record, procs=dict(procs)))
+                    def keep(name: str, tracked: Tracked) -> None:  # recorded at once: a failed
+                        procs[name] = tracked  # up can then be torn down
+                        state.write(self.state_file, replace(record, procs=dict(procs)))
 
-                daemons.start_control(lay, self._children, keep)
-                for node in lay.nodes:
-                    keep(node.name, daemons.start_slurmd(lay, node, self._children))
-                daemons.wait_responding(lay, [n.name for n in lay.nodes], procs, idle=True)
-                state.write(self.state_file, replace(record, procs=procs, complete=True))
-            except BaseException:
-                self._down(state.read(self.state_file) or record)
-                raise
+                    daemons.start_control(lay, self._children, keep)
+                    for node in lay.nodes:
+                        keep(node.name, daemons.start_slurmd(lay, node, self._children))
+                    daemons.wait_responding(lay, [n.name for n in lay.nodes], procs, idle=True)
+                    state.write(self.state_file, replace(record, procs=procs, complete=True))
+                except BaseException:
+                    self._down(state.read(self.state_file) or record)
+                    raise
         log.info("sandbox: %d nodes up in %s mode", spec.nodes, mode.value)
         return lay
 

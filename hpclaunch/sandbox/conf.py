@@ -18,6 +18,8 @@ from hpclaunch.errors import SpecError
 MAX_NODES = 64
 CONTROLLER_PORT_OFFSET = 0
 CPUS_PER_NODE = 4
+# Far below SLURM's MaxJobId (67043328), so a sandbox can number many jobs after it.
+MAX_FIRST_JOB_ID = 10**6
 MEMORY_PER_NODE_MB = 4096
 
 
@@ -44,6 +46,9 @@ class SandboxSpec:
     gpus_per_node: int = 0
     partitions: Partitions = Partitions.DEFAULT
     mode: Mode = Mode.AUTO
+    # Sandboxes side by side (one per test worker) number their jobs apart: a scan
+    # for SLURM_JOB_ID=N then finds only its own sandbox's job N.
+    first_job_id: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -54,6 +59,11 @@ class SandboxSpec:
         if not 0 <= self.gpus_per_node <= 16:
             raise SpecError(
                 "gpus_per_node", f"{self.gpus_per_node} fake GPUs per node is outside 0 to 16"
+            )
+        if not 1 <= self.first_job_id <= MAX_FIRST_JOB_ID:
+            raise SpecError(
+                "first_job_id",
+                f"first job id {self.first_job_id} is outside 1 to {MAX_FIRST_JOB_ID}",
             )
 
 
@@ -163,6 +173,7 @@ def slurm_conf(lay: Layout) -> str:
         # The machine's own hostname is not a valid controller name here.
         f"SlurmctldHost=localhost({lay.controller_addr})",
         f"SlurmctldPort={lay.controller_port}",
+        f"FirstJobId={lay.spec.first_job_id}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",

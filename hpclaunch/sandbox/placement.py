@@ -3,10 +3,14 @@ subnet and block of TCP ports, so that sandboxes side by side never collide."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import random
 import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from hpclaunch.errors import SandboxError
@@ -28,6 +32,18 @@ def choose_mode(mode: Mode) -> Mode:
         )
     log.warning("sandbox: no network namespaces (%s); running in loopback mode", why)
     return Mode.LOOPBACK
+
+
+# One file for the machine: whoever places a sandbox holds it until its daemons listen.
+MACHINE_LOCK = Path(tempfile.gettempdir()) / "hpclaunch-sandbox-placement.lock"
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """Hold the machine-wide placement lock (blocks while another up holds it)."""
+    with MACHINE_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def place(state_dir: Path, spec: SandboxSpec, mode: Mode) -> Placement:

@@ -53,6 +53,7 @@ class SandboxState:
                 "gpus_per_node": self.spec.gpus_per_node,
                 "partitions": self.spec.partitions.value,
                 "mode": self.spec.mode.value,
+                "first_job_id": self.spec.first_job_id,
             },
             "mode": self.mode.value,
             "place": {
@@ -72,6 +73,7 @@ class SandboxState:
             gpus_per_node=raw["gpus_per_node"],
             partitions=Partitions(raw["partitions"]),
             mode=Mode(raw["mode"]),
+            first_job_id=raw.get("first_job_id", 1),  # absent in states written before it
         )
         place = Placement(**data["place"])
         procs = {name: Tracked(pid, start) for name, (pid, start) in data["procs"].items()}
@@ -108,10 +110,11 @@ def decide_up(current: SandboxState | None, wanted: SandboxSpec) -> UpAction:
     if not current.complete or any(name in CONTROL_DAEMONS for name in dead):
         return UpAction.REPLACE
     same_mode = wanted.mode in (Mode.AUTO, current.mode)
-    same = (wanted.nodes, wanted.gpus_per_node, wanted.partitions) == (
+    same = (wanted.nodes, wanted.gpus_per_node, wanted.partitions, wanted.first_job_id) == (
         current.spec.nodes,
         current.spec.gpus_per_node,
         current.spec.partitions,
+        current.spec.first_job_id,
     )
     if not (same and same_mode):
         return UpAction.CONFLICT
@@ -125,6 +128,7 @@ def differences(current: SandboxState, wanted: SandboxSpec) -> str:
         ("--gpus-per-node", current.spec.gpus_per_node, wanted.gpus_per_node),
         ("--partitions", current.spec.partitions.value, wanted.partitions.value),
         ("--mode", current.mode.value, wanted.mode.value),
+        ("first job id", current.spec.first_job_id, wanted.first_job_id),
     ]
     return ", ".join(
         f"{flag} {new} (running: {old})"

@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 VENV_BIN = Path(sys.executable).parent
+# Fake job ids (random, from here up) of agents run on this host, above every test
+# worker's sandbox job ids (sandbox_fixture.first_job_id): a scan for the processes
+# of a sandbox job never finds a local agent's, nor the other way round.
+LOCAL_JOB_IDS = 100_000
 
 
 def wait_for(

@@ -34,6 +34,22 @@ def client_env(box: Sandbox) -> dict[str, str]:
     return env
 
 
+def first_job_id() -> int:
+    """Where this session's sandbox numbers its jobs from: 1 in a plain pytest run;
+    1 + (N + 1) * JOB_IDS_PER_WORKER under pytest-xdist's worker gwN (scripts/test runs
+    several workers, each with its own session sandbox). A scan for the processes of job
+    J (SLURM_JOB_ID=J, node-local folders named by job id) then never finds another
+    worker's job J, nor one of a plain run beside it. A session submits a few hundred
+    jobs; the rendezvous ports (15000 + id % 10000) differ too."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return 1
+    return 1 + (int(worker.removeprefix("gw")) + 1) * JOB_IDS_PER_WORKER
+
+
+JOB_IDS_PER_WORKER = 1000
+
+
 def require_sandbox() -> None:
     try:
         check_prerequisites()
@@ -45,7 +61,13 @@ def require_sandbox() -> None:
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     require_sandbox()
     box = Sandbox(Path(tmp_path_factory.mktemp("sandbox")))
-    spec = SandboxSpec(nodes=4, gpus_per_node=2, partitions=Partitions.PREEMPT, mode=Mode.AUTO)
+    spec = SandboxSpec(
+        nodes=4,
+        gpus_per_node=2,
+        partitions=Partitions.PREEMPT,
+        mode=Mode.AUTO,
+        first_job_id=first_job_id(),
+    )
     try:
         lay = box.up(spec)
         yield Running(box, lay, client_env(box))

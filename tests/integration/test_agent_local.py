@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import procs
-from tests.integration.helpers import VENV_BIN, base_env, wait_for
+from tests.integration.helpers import LOCAL_JOB_IDS, VENV_BIN, base_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +115,7 @@ def started_workers(out: Path) -> list[procs.Tracked]:
 def test_sigkill_of_the_agent_leaves_no_worker(tmp_path: Path, guard: str) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
-    job_id = random.randrange(1, 10**6)
+    job_id = random.randrange(LOCAL_JOB_IDS, 10**6)
     path, start = GUARDS[guard]
     env = agent_env(job_id, path)
     dry = subprocess.run(
@@ -152,7 +152,7 @@ def test_a_signal_reaches_every_worker_and_ends_the_agent(
 ) -> None:
     script = tmp_path / "signalled.py"
     script.write_text(SIGNALLED)
-    with agent(script, tmp_path, random.randrange(1, 10**6)) as proc:
+    with agent(script, tmp_path, random.randrange(LOCAL_JOB_IDS, 10**6)) as proc:
         try:
             workers = started_workers(tmp_path)
             proc.send_signal(sig)
@@ -172,7 +172,7 @@ def test_workers_that_ignore_the_signal_are_killed_after_the_grace_period(
 ) -> None:
     script = tmp_path / "signalled.py"
     script.write_text(SIGNALLED)
-    env = agent_env(random.randrange(1, 10**6), IGNORE_TERM="1")
+    env = agent_env(random.randrange(LOCAL_JOB_IDS, 10**6), IGNORE_TERM="1")
     with agent(script, tmp_path, 0, "--grace-period", "2", env=env) as proc:
         try:
             workers = started_workers(tmp_path)
@@ -196,7 +196,9 @@ def test_one_worker_crash_costs_exactly_one_restart_every_time(tmp_path: Path) -
     for run in range(20):
         out = tmp_path / f"run{run}"
         out.mkdir()
-        with agent(script, out, random.randrange(1, 10**6), "--max-restarts", "1") as proc:
+        with agent(
+            script, out, random.randrange(LOCAL_JOB_IDS, 10**6), "--max-restarts", "1"
+        ) as proc:
             _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"run {run}: {err.decode()[-2000:]}"
         results = {p.name: p.read_text() for p in out.glob("rank-*")}
@@ -225,7 +227,7 @@ def test_a_taken_port_is_named_with_its_holder_and_the_fix(tmp_path: Path, rdzv:
                 str(tmp_path / "job"),
                 str(script),
             ],
-            env=agent_env(random.randrange(1, 10**6)),
+            env=agent_env(random.randrange(LOCAL_JOB_IDS, 10**6)),
             capture_output=True,
             text=True,
             timeout=120,
@@ -253,7 +255,7 @@ def test_a_job_folder_it_cannot_write_is_one_line(tmp_path: Path) -> None:
                 str(shared / "job"),
                 str(tmp_path / "never.py"),
             ],
-            env=agent_env(random.randrange(1, 10**6)),
+            env=agent_env(random.randrange(LOCAL_JOB_IDS, 10**6)),
             capture_output=True,
             text=True,
             timeout=120,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import procs
-from tests.integration.helpers import VENV_BIN
+from tests.integration.helpers import LOCAL_JOB_IDS, VENV_BIN
 from tests.integration.sandbox_fixture import Running
 from tests.integration.test_agent import finished, job_env
 from tests.integration.test_agent_local import agent, agent_env
@@ -184,7 +184,9 @@ def still_running(out: Path, count: int) -> list[str]:
 def test_background_processes_end_with_the_agent(tmp_path: Path, start: str) -> None:
     script = tmp_path / "background.py"
     script.write_text(BACKGROUND)
-    with agent(script, tmp_path, random.randrange(1, 10**6), "--worker-start", start) as proc:
+    with agent(
+        script, tmp_path, random.randrange(LOCAL_JOB_IDS, 10**6), "--worker-start", start
+    ) as proc:
         _, err = proc.communicate(timeout=120)
     log = err.decode()
     assert not still_running(tmp_path, 6)  # three for each of the two workers
@@ -206,7 +208,7 @@ RESTARTS = {
 def test_background_processes_end_when_the_group_restarts(tmp_path: Path, case: str) -> None:
     script = tmp_path / "background.py"
     script.write_text(BACKGROUND)
-    env = agent_env(random.randrange(1, 10**6), CRASH_FIRST="1")
+    env = agent_env(random.randrange(LOCAL_JOB_IDS, 10**6), CRASH_FIRST="1")
     extra = (*RESTARTS[case], "--max-restarts", "1")
     with agent(script, tmp_path, 0, *extra, env=env) as proc:
         _, err = proc.communicate(timeout=120)

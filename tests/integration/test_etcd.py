@@ -23,7 +23,9 @@ from hpclaunch.rendezvous.etcd.sidecar import Sidecar, find, member_at
 from tests.integration.etcd_fixture import PASSWORD, USER, EtcdServer, etcd_server, free_port
 from tests.integration.helpers import VENV_BIN, base_env, wait_for
 
-pytestmark = pytest.mark.integration
+# One pytest-xdist worker for the etcd modules: they share one uninterrupted run
+# (etcd_reference), and their agents run on this host under fixed job ids (ports).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("etcd-local")]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "allreduce.py"
 

@@ -14,7 +14,9 @@ from tests.integration.etcd_agents import finish, lines, start_agents
 from tests.integration.etcd_fixture import RestartableEtcd
 from tests.integration.helpers import wait_for
 
-pytestmark = pytest.mark.integration
+# One pytest-xdist worker for the etcd modules: they share one uninterrupted run
+# (etcd_reference), and their agents run on this host under fixed job ids (ports).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("etcd-local")]
 
 
 @pytest.mark.parametrize("down_s", [0.5, 10.0])

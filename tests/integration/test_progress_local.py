@@ -20,7 +20,7 @@ from hpclaunch.jobdir.attempts import FIRST, STEP
 from hpclaunch.jobdir.layout import JobFolder
 from hpclaunch.node import boot_env, stacks
 from hpclaunch.record.job_record import read_run
-from tests.integration.helpers import VENV_BIN, base_env
+from tests.integration.helpers import LOCAL_JOB_IDS, VENV_BIN, base_env
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +150,7 @@ def run_agent(script: Path, job: Path, requeue: int, *args: str) -> None:
     """One run of one node's agent with one worker, as a one-node SLURM step of run
     ``requeue`` of a job has it (SLURM's variables set here), to its end."""
     env = base_env(
-        SLURM_JOB_ID=str(random.randrange(1, 10**6)),
+        SLURM_JOB_ID=str(random.randrange(LOCAL_JOB_IDS, 10**6)),
         SLURM_JOB_NODELIST="localhost",
         SLURM_JOB_NUM_NODES="1",
         SLURM_NODEID="0",

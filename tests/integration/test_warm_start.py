@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import VENV_BIN, base_env
+from tests.integration.helpers import LOCAL_JOB_IDS, VENV_BIN, base_env
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def run_agent(
             signal.signal(sig, signal.SIG_IGN)
 
     env = base_env(
-        SLURM_JOB_ID=str(job_id or random.randrange(1, 10**6)),
+        SLURM_JOB_ID=str(job_id or random.randrange(LOCAL_JOB_IDS, 10**6)),
         SLURM_JOB_NODELIST="localhost",
         SLURM_JOB_NUM_NODES="1",
         SLURM_NODEID="0",
@@ -148,7 +148,7 @@ def test_a_warm_worker_sees_what_a_fresh_one_sees(tmp_path: Path, entry: str) ->
     script.write_text(REPORT)
     (code / "sibling.py").write_text("VALUE = 42\n")
     seen = {}
-    job_id = random.randrange(1, 10**6)
+    job_id = random.randrange(LOCAL_JOB_IDS, 10**6)
     for start in ("fresh", "warm"):
         out = tmp_path / start
         out.mkdir()

@@ -63,6 +63,7 @@ def test_slurm_conf_has_the_knobs_that_make_failures_fast() -> None:
     values = conf_lines(text)
     assert values["SlurmctldHost"] == f"localhost({lay.controller_addr})"
     assert values["SlurmctldPort"] == "23000"
+    assert values["FirstJobId"] == "1"
     assert values["AuthInfo"] == f"socket={STATE}/munge/socket,cred_expire=5"
     assert values["ReturnToService"] == "1"
     assert values["JobRequeue"] == "1"
@@ -123,6 +124,8 @@ def test_spec_bounds_and_unknown_node() -> None:
         SandboxSpec(nodes=0)
     with pytest.raises(SpecError, match="outside 0 to 16"):
         SandboxSpec(gpus_per_node=-1)
+    with pytest.raises(SpecError, match="first job id 0 is outside 1 to 1000000"):
+        SandboxSpec(first_job_id=0)
     lay = layout(STATE, SandboxSpec(nodes=2), Mode.NETNS, Placement("ab12", 7, 1))
     with pytest.raises(SpecError, match="no sandbox node is called 'n9'; the nodes are n1, n2"):
         lay.node("n9")
@@ -173,6 +176,15 @@ def test_up_decision() -> None:
     )
     assert decide_up(no_controller, spec) is UpAction.REPLACE
     assert SandboxState.from_json(healthy.to_json()) == healthy
+    numbered = SandboxSpec(nodes=2, first_job_id=2001)
+    assert decide_up(healthy, numbered) is UpAction.CONFLICT
+    assert differences(healthy, numbered) == "first job id 2001 (running: 1)"
+    moved = SandboxState(numbered, Mode.NETNS, place, full, complete=True)
+    assert SandboxState.from_json(moved.to_json()) == moved
+    assert slurm_conf(layout(STATE, numbered, Mode.NETNS, place)).count("FirstJobId=2001\n") == 1
+    older = healthy.to_json()  # written before first_job_id was recorded
+    del older["spec"]["first_job_id"]
+    assert SandboxState.from_json(older) == healthy
 
 
 def test_commands_on_a_missing_or_foreign_folder_create_nothing(tmp_path: Path) -> None:
