@@ -391,7 +391,10 @@ class Watch:
         self.folder(attempt).mkdir(parents=True, exist_ok=True)
         self._learned = self._learn()  # before this attempt's own begin is logged
         self._next_learn = self._clock() + NOTE_S
-        self._log_event(attempts.AttemptEvent(self.node, attempt, attempts.BEGIN, time.time()))
+        # Rounded as every other event's time is (to the millisecond): a first step
+        # within the same millisecond, rounded down, would otherwise sort before it.
+        began = round(time.time(), 3)
+        self._log_event(attempts.AttemptEvent(self.node, attempt, attempts.BEGIN, began))
         self._began = self._clock()
 
     def _learn(self) -> Learned:

@@ -40,7 +40,7 @@ def test_the_watch_logs_begin_first_step_and_end_of_each_attempt(tmp_path: Path)
         (1, "begin"),
     ]
     begin, first, sample, end, _ = found
-    assert before <= begin.time <= first.time <= end.time <= time.time() + 0.01
+    assert round(before, 3) <= begin.time <= first.time <= end.time <= time.time() + 0.01
     assert (first.step, sample.step, end.step) == (1, 1, 1)  # the lowest: rank 1 did one
     assert first.time <= sample.time <= end.time
     assert end.step_time is not None and first.time <= end.step_time <= end.time + 0.01
