@@ -294,7 +294,7 @@ def test_a_read_error_while_verifying_renames_nothing_and_says_so(
     where.unlink()
     where.mkdir()
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(loading.CheckpointUnreadable) as caught:
+    with pytest.raises(checkpoint.CheckpointUnreadable) as caught:
         checkpoint.load_latest(tmp_path)
     assert str(caught.value) == loading.unreadable_message(
         store.path_for(tmp_path, 2), 0, -1, errno.EISDIR
