@@ -47,7 +47,12 @@ it). torch is imported only by the functions that need it.
 
 from __future__ import annotations
 
-from hpclaunch.checkpoint.loading import CheckpointMismatch, Loaded, load_latest
+from hpclaunch.checkpoint.loading import (
+    CheckpointMismatch,
+    CheckpointUnreadable,
+    Loaded,
+    load_latest,
+)
 from hpclaunch.checkpoint.preemption import STOP_SIGNALS, Preemption, stop_received
 from hpclaunch.checkpoint.saving import in_flight, save, wait
 from hpclaunch.checkpoint.store import (
@@ -74,6 +79,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointMismatch",
+    "CheckpointUnreadable",
     "Loaded",
     "Preemption",
     "complete",

@@ -2,13 +2,17 @@
 form. A committed checkpoint that fails its manifest (bit rot, truncated, another
 step's under its name, a newer layout) or fails to load (wrong shapes)
 is named on stderr and the previous one is tried; once an older one loads, the ones
-that failed are renamed ``step-N.damaged`` out of the committed set, so a job never
-loops on a bad checkpoint. When none loads, nothing is renamed and the error names
-each failure: a job never quietly starts from step 0 while checkpoints exist.
+that failed are renamed ``step-N.damaged`` (``.damaged.2``... when that name is taken)
+out of the committed set, so a job never loops on a bad checkpoint; one of a newer
+layout is left in place (skipped, not damaged). When none loads, nothing is renamed
+and the error names each failure: a job never quietly starts from step 0 while
+checkpoints exist. A file that cannot be read while it is verified (EIO, EACCES) says
+nothing of the checkpoint: every rank raises CheckpointUnreadable, nothing renamed.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sys
@@ -24,7 +28,7 @@ from hpclaunch.checkpoint.group import Ranks
 from hpclaunch.checkpoint.manifest import ManifestError, Problem
 from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves, set_aside
-from hpclaunch.jobdir.checkpoint_folder import DAMAGED_SUFFIX
+from hpclaunch.jobdir.checkpoint_folder import DAMAGED, DAMAGED_SUFFIX, scan
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
 
 _SHARDED_HELP = (
@@ -57,6 +61,12 @@ class _Failed:
     why: str  # what rank 0 knows of the failure, one line
     problem: Problem
     file: str | None = None
+
+
+class CheckpointUnreadable(CheckpointError):
+    """A file of the checkpoint could not be read while it was verified (EIO, ESTALE,
+    EACCES, out of memory): that says nothing of its content, so nothing is set aside
+    and the previous checkpoint is not tried; raised on every rank alike."""
 
 
 class CheckpointMismatch(CheckpointError):
@@ -119,8 +129,8 @@ def load_latest(
             near = chosen.sharded and target is not None and local.available(step, ranks)
             checked = _verify(chosen, ranks, files=not near)  # raises on all ranks or none
             state = _load(chosen, target, map_location, weights_only, ranks, near)
-        except (CheckpointMismatch, KeyboardInterrupt, SystemExit):
-            raise
+        except (CheckpointMismatch, CheckpointUnreadable, KeyboardInterrupt, SystemExit):
+            raise  # the same on every rank
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
             error = exc
         failed_on = ranks.first_true(error is not None)
@@ -147,9 +157,13 @@ def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
     """Check ``chosen`` against its manifest: the step and the layout, then, with
     ``files``, each file's size (every rank, cheap) and checksum (each rank its share,
     so that the checkpoint is read once). Every rank raises the same ManifestError, or
-    none does: the ranks agree before any other collective. False: there is no manifest
-    (a checkpoint saved before hpclaunch wrote them), nothing was checked."""
+    none does: the ranks agree before any other collective. When a rank cannot read a
+    file (not a verdict on it), every rank raises the same CheckpointUnreadable instead.
+    False: there is no manifest (a checkpoint saved before hpclaunch wrote them),
+    nothing was checked."""
     error: ManifestError | None = None
+    unread: BaseException | None = None  # what kept a file from being read
+    unread_file: str | None = None
     found: manifest.Manifest | None = None
     try:
         found = manifest.read(manifest.location(chosen.path))
@@ -162,8 +176,13 @@ def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
             )
     except ManifestError as exc:
         error = exc
+    except manifest.ReadError as exc:
+        unread, unread_file = exc.error, exc.file
     except Exception as exc:  # a rank that raised past the agreement below would hang the rest
-        error = ManifestError(Problem.UNREADABLE, None, f"checking it failed: {exc!r}")
+        unread, unread_file = exc, _UNKNOWN
+    read_on = ranks.first_true(unread is not None)
+    if read_on is not None:
+        _refuse_unread(chosen, ranks, read_on, unread, unread_file, found)
     failed_on = ranks.first_true(error is not None)
     if failed_on is None:
         return ranks.from_rank0(int(found is not None)) == 1
@@ -180,6 +199,56 @@ def _verify(chosen: Checkpoint, ranks: Ranks, *, files: bool = True) -> bool:
             _say(f"{chosen.path} fails its manifest on rank {ranks.rank}: {error}")
         raise error
     raise ManifestError(problem, file, f"found by rank {failed_on} (its log says more)")
+
+
+_UNKNOWN = "\0"  # a file name no manifest holds: which file failed is not known
+
+
+def _refuse_unread(
+    chosen: Checkpoint,
+    ranks: Ranks,
+    read_on: int,
+    unread: BaseException | None,
+    unread_file: str | None,
+    found: manifest.Manifest | None,
+) -> None:
+    """Raise the same CheckpointUnreadable on every rank: rank ``read_on`` tells the
+    others which file (by its place in the manifest) and the errno."""
+    if unread is not None:
+        _say(f"{chosen.path} cannot be read on rank {ranks.rank}: {unread!r}")
+    names = list(found.files) if found is not None else []
+    mine = -1 if unread_file is None else names.index(unread_file) if unread_file in names else -2
+    index = ranks.from_rank(read_on, mine)
+    code = ranks.from_rank(read_on, getattr(unread, "errno", None) or 0)
+    raise CheckpointUnreadable(
+        unreadable_message(chosen.path, read_on, names[index] if index >= 0 else index, code)
+    )
+
+
+def unreadable_message(path: Path, rank: int, file: str | int, code: int) -> str:
+    """What every rank says when rank ``rank`` could not read ``file`` of the checkpoint
+    at ``path`` (-1: its manifest, -2: not known) with errno ``code`` (0: not an OSError)."""
+    what = (
+        str(_file_path(path, file))
+        if isinstance(file, str)
+        else str(manifest.location(path))
+        if file == -1
+        else "its files"
+    )
+    how = (
+        f"[Errno {code}] {errno.errorcode.get(code, '?')}: {os.strerror(code)}"
+        if code > 0
+        else "not an error of the filesystem (out of memory, say)"
+    )
+    return (
+        f"{path} cannot be verified: reading {what} failed on rank {rank}: {how}; rank "
+        f"{rank}'s log says more. It was not set aside: a read error says nothing of what "
+        "the file holds. Fix the filesystem (or the permissions) and run again"
+    )
+
+
+def _file_path(checkpoint: Path, name: str) -> Path:
+    return checkpoint / name if not checkpoint.name.endswith(".pt") else checkpoint
 
 
 def _problem(error: ManifestError) -> str:
@@ -247,19 +316,47 @@ def _refuse_none_left(root: Path, failed: list[_Failed]) -> None:
     earlier run set some aside: then starting from step 0 would lose work without a
     word, so this raises."""
     if failed:
-        tried = "; ".join(f"{f.checkpoint.path.name} ({f.why})" for f in failed)
-        raise CheckpointError(
-            f"no checkpoint in {root} can be loaded: {tried}. Nothing was renamed, since "
-            "none loads: when the script changed (the state given to into=, weights_only), "
-            "fix it; when they are damaged, move them out of the folder"
-        )
-    aside = sorted(p.name for p in root.glob(f"step-*{DAMAGED_SUFFIX}"))
+        raise CheckpointError(none_loads_message(root, failed))
+    try:
+        aside = list(scan(root, times=False).damaged)
+    except OSError:
+        aside = []
     if aside:
         raise CheckpointError(
             f"{root} holds no committed checkpoint, only ones set aside as damaged: "
-            f"{', '.join(aside)}; rename one back (without {DAMAGED_SUFFIX}) to "
-            "resume from it, or move them away to start from step 0"
+            f"{', '.join(aside)}; {_rename_back(aside[-1])} to resume from it, or move "
+            "them away to start from step 0"
         )
+
+
+def none_loads_message(root: Path, failed: list[_Failed]) -> str:
+    """What load_latest says when every committed checkpoint failed: each one and why,
+    and only the advice that fits the failures."""
+    tried = "; ".join(f"{f.checkpoint.path.name} ({f.why})" for f in failed)
+    problems = {f.problem for f in failed}
+    advice = []
+    if Problem.LOAD in problems:
+        advice.append("when the script changed (the state given to into=, weights_only), fix it")
+    if problems - {Problem.LOAD, Problem.LAYOUT}:
+        advice.append("when they are damaged, move them out of the folder")
+    if Problem.LAYOUT in problems:
+        advice.append("ones of a newer layout load with the hpclaunch that saved them")
+    return (
+        f"no checkpoint in {root} can be loaded: {tried}. Nothing was renamed, since none "
+        f"loads: {'; '.join(advice)}"
+    )
+
+
+def _rename_back(name: str) -> str:
+    """How to put a checkpoint set aside back (a one-file one with its manifest)."""
+    match = DAMAGED.match(name)
+    committed = name[: name.index(DAMAGED_SUFFIX)] if match else name
+    if committed.endswith(".pt"):
+        return (
+            f"rename one back, as {name} to {committed} and its manifest "
+            f"{name}{manifest.SIDECAR_SUFFIX} to {committed}{manifest.SIDECAR_SUFFIX},"
+        )
+    return f"rename one back, as {name} to {committed},"
 
 
 def _load(
@@ -326,8 +423,12 @@ def _load_sharded(
             f"load_latest(into=...) lacks, such as {', '.join(left_out[:3])}: they would not "
             f"be restored; {_SHARDED_HELP}"
         )
-    if near and _from_local(into, chosen.step, ranks):
-        return into
+    if near:
+        if _from_local(into, chosen.step, ranks):
+            return into
+        # The shared files were not summed (the copies were to be read instead): sum them
+        # now, before DCP reads them, or damage there would be loaded without a word.
+        _verify(chosen, ranks, files=True)
     dcp_load(into, storage_reader=reader, process_group=ranks.pg, no_dist=ranks.alone)
     return into
 
@@ -392,11 +493,18 @@ def _from_local(into: dict[str, Any], step: int, ranks: Ranks) -> bool:
 def _set_aside(failed: list[_Failed], loaded: Checkpoint, ranks: Ranks) -> None:
     """An older checkpoint loaded, so the newer ones that failed are damaged: rank 0
     renames them out of the committed set, so that no later run tries them again, and
-    notes each in the job folder for ``hpclaunch status``."""
+    notes each in the job folder for ``hpclaunch status``. One of a newer layout is not
+    damaged (a newer hpclaunch reads it): it is named on stderr and left in place."""
     if ranks.rank != 0:
         return
     for bad in failed:
         damaged = bad.checkpoint
+        if bad.problem is Problem.LAYOUT:  # not damaged: this hpclaunch cannot read it
+            _say(
+                f"{damaged.path} skipped as newer ({bad.why}); resumed from "
+                f"{loaded.path.name}; it was left as it is"
+            )
+            continue
         try:
             target = store.set_aside(damaged)
         except OSError as exc:

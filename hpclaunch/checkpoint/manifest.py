@@ -58,6 +58,26 @@ class ManifestError(Exception):
         self.file = file
 
 
+class ReadError(Exception):
+    """A file of the checkpoint could not be read (EIO, ESTALE, EACCES, out of memory):
+    no verdict on its content, so the checkpoint must not be set aside for it.
+    ``file`` names it (None: the manifest itself), ``error`` is what was raised."""
+
+    def __init__(self, file: str | None, path: Path, error: BaseException) -> None:
+        super().__init__(f"{path} cannot be read: {error}")
+        self.file = file
+        self.error = error
+
+
+def read_failure(file: str | None, path: Path, error: OSError) -> ManifestError | ReadError:
+    """What an OSError met reading ``path`` says: a file that is not there (ENOENT) is a
+    verdict, MISSING; any other error (EIO, ESTALE, EACCES, EISDIR) is the filesystem's,
+    not the checkpoint's: ReadError."""
+    if isinstance(error, FileNotFoundError):
+        return ManifestError(Problem.MISSING, file, f"{path} is missing")
+    return ReadError(file, path, error)
+
+
 @dataclass(frozen=True)
 class FileSum:
     bytes: int
@@ -144,16 +164,17 @@ def merge_parts(folder: Path, world: int) -> dict[str, FileSum]:
 
 def read(path: Path) -> Manifest | None:
     """The manifest at ``path``; None when there is none (a checkpoint saved before
-    hpclaunch wrote manifests). Raises ManifestError when it cannot be read or parsed,
-    or holds a layout newer than this hpclaunch's."""
+    hpclaunch wrote manifests). Raises ManifestError when it cannot be parsed (not
+    UTF-8, not JSON, not a manifest) or holds a layout newer than this hpclaunch's;
+    ReadError when the filesystem fails to give it."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise ManifestError(Problem.UNREADABLE, None, f"{path} cannot be read: {exc}") from None
+        raise ReadError(None, path, exc) from None
     try:
-        body = json.loads(text)
+        body = json.loads(data.decode())  # UnicodeDecodeError is a ValueError
         layout = int(body["layout"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ManifestError(Problem.UNREADABLE, None, f"{path} is not a manifest: {exc}") from None
@@ -186,16 +207,14 @@ def check_step(manifest: Manifest, step: int) -> None:
 
 def check(manifest: Manifest, checkpoint: Path, step: int) -> None:
     """What costs no reading of the data: ``check_step``, and each file there with its
-    size. Raises ManifestError."""
+    size. Raises ManifestError, or ReadError (``read_failure``)."""
     check_step(manifest, step)
     for name, want in manifest.files.items():
         path = _file(checkpoint, name)
         try:
             size = path.stat().st_size
-        except FileNotFoundError:
-            raise ManifestError(Problem.MISSING, name, f"{path} is missing") from None
         except OSError as exc:
-            raise ManifestError(Problem.MISSING, name, f"{path} cannot be read: {exc}") from None
+            raise read_failure(name, path, exc) from None
         if size != want.bytes:
             raise ManifestError(
                 Problem.SIZE, name, f"{path} holds {size} bytes, its manifest {want.bytes}"
@@ -204,13 +223,15 @@ def check(manifest: Manifest, checkpoint: Path, step: int) -> None:
 
 def check_sums(manifest: Manifest, checkpoint: Path, share: Sequence[str]) -> None:
     """Sum each of ``share`` (names in the manifest) against the manifest. Raises
-    ManifestError."""
+    ManifestError, or ReadError (``read_failure``; out of memory too)."""
     for name in share:
         path = _file(checkpoint, name)
         try:
             found = checksum(path)
         except OSError as exc:
-            raise ManifestError(Problem.MISSING, name, f"{path} cannot be read: {exc}") from None
+            raise read_failure(name, path, exc) from None
+        except MemoryError as exc:
+            raise ReadError(name, path, exc) from None
         want = manifest.files[name]
         if found != want:
             raise ManifestError(

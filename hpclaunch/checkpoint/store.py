@@ -149,10 +149,16 @@ def prune(folder: Path, keep_last: int) -> list[Path]:
 
 def set_aside(checkpoint: Checkpoint) -> Path:
     """Rename a committed checkpoint that failed to load out of the committed set, so
-    that no later run picks it again; it stays for inspection. Returns its new path."""
-    target = checkpoint.path.with_name(checkpoint.path.name + DAMAGED_SUFFIX)
-    remove(target)
-    os.replace(checkpoint.path, target)
+    that no later run picks it again; it stays for inspection. Returns its new path:
+    ``step-N.damaged``, or ``step-N.damaged.2``, ``.3``... when one of that step was set
+    aside before (which is kept: nothing set aside is deleted). Only global rank 0 sets
+    aside, so no other process takes the name between the look and the rename."""
+    base = checkpoint.path.name + DAMAGED_SUFFIX
+    target, number = checkpoint.path.with_name(base), 1
+    while os.path.lexists(target) or os.path.lexists(sidecar(target)):
+        number += 1
+        target = checkpoint.path.with_name(f"{base}.{number}")
+    os.rename(checkpoint.path, target)
     if not checkpoint.sharded and sidecar(checkpoint.path).exists():
         os.replace(sidecar(checkpoint.path), sidecar(target))
     return target

@@ -9,6 +9,7 @@ save and load through ``hpclaunch.checkpoint``, and ``hpclaunch status`` (throug
         hpclaunch-manifest.json   its manifest
     .step-000000000043.tmp-TAG[/] a save in progress, or one killed mid-write
     step-000000000041.damaged[/]  a committed checkpoint that failed to load
+    step-000000000041.damaged.2[/]  another one of that step, set aside after the first
     lightning/step-000000000030.ckpt   hpclaunch.frameworks.lightning's, by global step
 
 Only ``step-N.pt`` and ``step-N/`` with its ``.metadata`` are committed checkpoints: a
@@ -27,6 +28,9 @@ NAME = re.compile(r"^step-(\d{12})(\.pt)?$")
 # A one-file checkpoint's manifest is written as .step-N.pt.manifest.json.tmp-PID.
 TEMP = re.compile(r"^\.step-\d{12}(\.pt)?(\.manifest\.json)?\.(tmp|deleting)-[\w.-]+$")
 DAMAGED_SUFFIX = ".damaged"
+# A checkpoint set aside: step-N.damaged, or step-N.damaged.2, .3... when a checkpoint
+# of that step was set aside before (the earlier one is kept, never overwritten).
+DAMAGED = re.compile(r"^step-\d{12}(\.pt)?\.damaged(\.\d+)?$")
 # Lightning's checkpoints, as hpclaunch.frameworks.lightning commits them (by rename)
 # into this subfolder of the checkpoint folder: step-<global step, 12 digits>.ckpt.
 LIGHTNING_FOLDER = "lightning"
@@ -68,7 +72,7 @@ def scan(folder: str | os.PathLike[str], *, times: bool = True) -> Listing:
     except FileNotFoundError:
         return Listing()
     for entry in entries:
-        if entry.name.endswith(DAMAGED_SUFFIX) and entry.name.startswith("step-"):
+        if DAMAGED.match(entry.name):
             damaged.append(entry.name)
             continue
         if entry.name == LIGHTNING_FOLDER and entry.is_dir():

@@ -37,3 +37,36 @@ def base_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
+
+
+def flip_a_tensor_byte(shard: Path) -> None:
+    """Flip a bit inside a saved tensor's bytes in ``shard`` (a file of a sharded
+    checkpoint), not in DCP's or the zip's structure: damage torch would load without a
+    word. The checkpoint's .metadata says where each item lies in the shard (the largest
+    is taken); each item there is a torch.save zip whose first tensor's storage is
+    the entry ``.../data/0``, after its local header (30 bytes, its name, its extra)."""
+    import io
+    import struct
+    import zipfile
+
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(shard.parent).read_metadata()
+    place = max(
+        (item for item in metadata.storage_data.values() if item.relative_path == shard.name),
+        key=lambda item: item.length,
+    )
+    with open(shard, "r+b") as handle:
+        handle.seek(place.offset)
+        raw = handle.read(place.length)
+        [entry] = [
+            i for i in zipfile.ZipFile(io.BytesIO(raw)).infolist() if i.filename.endswith("/data/0")
+        ]
+        name_len, extra_len = struct.unpack(
+            "<HH", raw[entry.header_offset + 26 : entry.header_offset + 30]
+        )
+        at = place.offset + entry.header_offset + 30 + name_len + extra_len + 5
+        handle.seek(at)
+        byte = handle.read(1)
+        handle.seek(at)
+        handle.write(bytes([byte[0] ^ 0x40]))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import VENV_BIN, base_env
+from tests.integration.helpers import VENV_BIN, base_env, flip_a_tensor_byte
 
 pytestmark = pytest.mark.integration
 
@@ -165,9 +165,9 @@ def test_saved_on_four_loads_on_any_number_of_ranks_exactly(
 
 
 def test_node_local_copies_serve_the_same_ranks_only(saved: Path, tmp_path: Path) -> None:
-    local = saved / "node-local"
+    local = tmp_path / "node-local"  # a copy: the fixture's stay whole for other tests
+    shutil.copytree(saved / "node-local", local)
     assert sorted(p.name for p in local.iterdir()) == [f"rank-{r}-of-4" for r in range(4)]
-    (tmp_path / "node-local").symlink_to(local)
     # The shared copy's shards truncated: only the node-local copies can give the state.
     shared = tmp_path / "ckpt"
     shutil.copytree(saved / "ckpt", shared)
@@ -187,11 +187,35 @@ def test_node_local_copies_serve_the_same_ranks_only(saved: Path, tmp_path: Path
 
 
 def _flip_a_byte(path: Path) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(path.stat().st_size // 2)  # in the tensor data, past DCP's header
-        byte = handle.read(1)
-        handle.seek(-1, os.SEEK_CUR)
-        handle.write(bytes([byte[0] ^ 0x01]))
+    flip_a_tensor_byte(path)
+
+
+def test_a_damaged_shared_copy_is_summed_when_a_node_local_copy_fails(
+    saved: Path, tmp_path: Path
+) -> None:
+    """Every rank has a node-local copy, so the shared files are not summed up front; one
+    rank's copy is truncated, so the shared one is read instead: it is summed first, and
+    a bit flipped in a tensor there (which torch would load without a word) is found:
+    step 2 is set aside, step 1 loaded."""
+    shutil.copytree(saved / "node-local", tmp_path / "node-local")
+    folder = tmp_path / "ckpt"
+    shutil.copytree(saved / "ckpt", folder)
+    _flip_a_byte(folder / "step-000000000002" / "__2_0.distcp")
+    copy = tmp_path / "node-local" / "rank-1-of-4" / "step-000000000002"
+    assert all((tmp_path / "node-local" / f"rank-{r}-of-4" / copy.name).is_dir() for r in range(4))
+    os.truncate(copy / "__0_0.distcp", 10)
+    done = torchrun(tmp_path, 4, "load", str(folder), str(tmp_path))
+    assert "hpclaunch checkpoint: node-local copy of step 2 unusable on rank 1: " in done.stderr
+    assert loaded_line(done) == {"step": 1, "meta": {"step": 1, "world": 4}}
+    bad = folder / "step-000000000002"
+    assert (
+        f"hpclaunch checkpoint: {bad} failed to load (step 2: checksum mismatch in __2_0.distcp"
+        in done.stderr
+    ), done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step-000000000001",
+        "step-000000000002.damaged",
+    ]
 
 
 def _rename_older_over(folder: Path) -> None:
@@ -217,7 +241,6 @@ DAMAGE = {
         "step mismatch: its manifest says step 1, its name step 2: another step's "
         "checkpoint under this name",
     ),
-    "newer layout": (_newer_layout, "newer layout: "),
 }
 
 
@@ -259,6 +282,29 @@ def test_a_checkpoint_that_fails_its_manifest_is_set_aside_and_the_previous_one_
     [note] = [json.loads(x) for x in (job / "checkpoints-set-aside.jsonl").read_text().splitlines()]
     assert (note["step"], note["renamed_to"]) == (2, str(folder / "step-000000000002.damaged"))
     assert problem.startswith(note["problem"])
+
+
+def test_a_checkpoint_of_a_newer_layout_is_skipped_and_left_in_place(
+    saved: Path, tmp_path: Path
+) -> None:
+    """Not damaged (a newer hpclaunch reads it): named on stderr as skipped, not renamed,
+    not noted for status; step 1 is loaded."""
+    folder, job = tmp_path / "ckpt", tmp_path / "job"
+    shutil.copytree(saved / "ckpt", folder)
+    job.mkdir()
+    _newer_layout(folder)
+    done = torchrun(tmp_path, 2, "load", str(folder), str(tmp_path), job_dir=job)
+    assert loaded_line(done) == {"step": 1, "meta": {"step": 1, "world": 4}}
+    bad = folder / "step-000000000002"
+    [said] = [x for x in done.stderr.splitlines() if "step-000000000002" in x]
+    assert said.startswith(
+        f"hpclaunch checkpoint: {bad} skipped as newer (step 2: newer layout: "
+        f"{bad / 'hpclaunch-manifest.json'} is of layout 2, newer than this hpclaunch's 1"
+    ), done.stderr
+    assert said.endswith("; resumed from step-000000000001; it was left as it is")
+    assert "damaged" not in done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000000000001", "step-000000000002"]
+    assert not (job / "checkpoints-set-aside.jsonl").exists()
 
 
 def test_a_checkpoint_saved_before_manifests_loads_said_unverified(
@@ -340,11 +386,19 @@ out["one_file_loaded"] = [resumed.step, resumed.state["x"][0].item()]
 flipped = folder + "-one-file-flipped"
 for step in (0, 1):
     checkpoint.save({"x": torch.full((1000,), float(step))}, step, folder=flipped)
-with open(os.path.join(flipped, "step-000000000001.pt"), "r+b") as handle:
-    handle.seek(-2000, os.SEEK_END)  # in the tensor's bytes, before the zip's directory
+import struct, zipfile
+one = os.path.join(flipped, "step-000000000001.pt")
+with zipfile.ZipFile(one) as archive:  # torch.save's zip: the tensor's bytes are .../data/0
+    [entry] = [i for i in archive.infolist() if i.filename.endswith("/data/0")]
+with open(one, "r+b") as handle:
+    handle.seek(entry.header_offset + 26)  # the entry's local header: its name and extra
+    name_len, extra_len = struct.unpack("<HH", handle.read(4))
+    handle.seek(entry.header_offset + 30 + name_len + extra_len + 5)
     byte = handle.read(1)
     handle.seek(-1, os.SEEK_CUR)
-    handle.write(bytes([byte[0] ^ 1]))
+    handle.write(bytes([byte[0] ^ 0x40]))
+# Damage torch loads without a word: one element changed.
+out["flipped_torch"] = int((torch.load(one)["x"] != 1.0).sum())
 out["flipped_loaded"] = checkpoint.load_latest(flipped).step
 # The newest saved with other shapes than the script's: given into=, it is not taken.
 shapes = folder + "-one-file-shapes"
@@ -394,6 +448,7 @@ def test_what_cannot_be_done_exactly_is_refused_and_damage_is_set_aside(tmp_path
     assert out["loaded"] == 1  # step 2 truncated: set aside, step 1 loaded
     assert out["one_file_loaded"] == [0, 0.0]
     assert (tmp_path / "ckpt-one-file" / "step-000000000001.pt.damaged").exists()
+    assert out["flipped_torch"] == 1  # the flip is in the tensor's data, not the zip's
     assert out["flipped_loaded"] == 0
     flipped = tmp_path / "ckpt-one-file-flipped" / "step-000000000001.pt"
     assert (

@@ -15,6 +15,7 @@ import pytest
 
 from hpclaunch.sandbox.cluster import NodeAction
 from hpclaunch.slurm.hostlist import expand
+from tests.integration.helpers import flip_a_tensor_byte
 from tests.integration.sandbox_fixture import Running
 from tests.integration.training_jobs import (
     CRASH,
@@ -187,14 +188,9 @@ def saved_to_29(sandbox: Running, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def _flip_a_byte(folder: Path) -> str:
-    """A byte of rank 2's shard of step 29 flipped, in its tensor data (the middle of
-    the file, past DCP's header): its size stays. Loaded by 4 ranks, rank 3 sums it."""
-    shard = folder / f"step-{29:012d}" / "__2_0.distcp"
-    with open(shard, "r+b") as handle:
-        handle.seek(shard.stat().st_size // 2)
-        byte = handle.read(1)
-        handle.seek(-1, os.SEEK_CUR)
-        handle.write(bytes([byte[0] ^ 0x01]))
+    """A bit of rank 2's shard of step 29 flipped, inside a tensor's bytes (torch would
+    load it without a word): its size stays. Loaded by 4 ranks, rank 3 sums it."""
+    flip_a_tensor_byte(folder / f"step-{29:012d}" / "__2_0.distcp")
     return "checksum mismatch in __2_0.distcp"
 
 

@@ -10,8 +10,10 @@ import pytest
 
 from hpclaunch import checkpoint
 from hpclaunch.checkpoint import Checkpoint, CheckpointError, group, store
+from hpclaunch.checkpoint.manifest import sidecar
 from hpclaunch.checkpoint.state import find_numbered_optimizer, find_sharded
 from hpclaunch.jobdir import saves
+from hpclaunch.jobdir.checkpoint_folder import scan
 from hpclaunch.record import checkpoints
 
 
@@ -132,6 +134,33 @@ def test_a_damaged_checkpoint_is_set_aside_out_of_the_committed_set(tmp_path: Pa
     assert (tmp_path / "step-000000000008.damaged" / ".metadata").exists()
     assert not one.exists() and not shards.exists()
     assert checkpoint.prune(tmp_path, keep_last=1) == []  # kept for inspection
+
+
+def test_a_step_set_aside_twice_keeps_both_under_their_own_names(tmp_path: Path) -> None:
+    """Nothing set aside is deleted: a second step 8 (saved again after the first was
+    set aside) goes to step-N.damaged.2, a one-file one with its manifest; status's
+    listing names each."""
+    for content in ("first", "second", "third"):
+        shards = _sharded(tmp_path, 8)
+        (shards / "__0_0.distcp").write_text(content)
+        one = checkpoint.path_for(tmp_path, 4)
+        one.write_text(content)
+        sidecar(one).write_text(content)
+        assert store.set_aside(Checkpoint(8, shards)).name.startswith("step-000000000008.damaged")
+        store.set_aside(Checkpoint(4, one))
+    assert (tmp_path / "step-000000000008.damaged" / "__0_0.distcp").read_text() == "first"
+    assert (tmp_path / "step-000000000008.damaged.2" / "__0_0.distcp").read_text() == "second"
+    assert (tmp_path / "step-000000000008.damaged.3" / "__0_0.distcp").read_text() == "third"
+    assert (tmp_path / "step-000000000004.pt.damaged.3").read_text() == "third"
+    assert (tmp_path / "step-000000000004.pt.damaged.3.manifest.json").read_text() == "third"
+    assert scan(tmp_path).damaged == (
+        "step-000000000004.pt.damaged",
+        "step-000000000004.pt.damaged.2",
+        "step-000000000004.pt.damaged.3",
+        "step-000000000008.damaged",
+        "step-000000000008.damaged.2",
+        "step-000000000008.damaged.3",
+    )
 
 
 def test_the_temporary_name_holds_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:

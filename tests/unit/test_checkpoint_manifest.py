@@ -3,13 +3,14 @@ checks, and each way a checkpoint fails that check, named."""
 
 from __future__ import annotations
 
+import errno
 import json
 import zlib
 from pathlib import Path
 
 import pytest
 
-from hpclaunch.checkpoint import manifest, store
+from hpclaunch.checkpoint import loading, manifest, store
 from hpclaunch.checkpoint.manifest import Manifest, ManifestError, Problem
 from hpclaunch.jobdir.set_aside import SetAside, parse
 
@@ -117,6 +118,79 @@ def test_a_manifest_that_cannot_be_parsed_is_named_unreadable(tmp_path: Path, te
     assert caught.value.problem is Problem.UNREADABLE
 
 
+@pytest.mark.parametrize("data", [b"\xff\xfe{", b"\x00" * 8])
+def test_a_manifest_that_is_not_utf8_or_json_is_named_unreadable(
+    tmp_path: Path, data: bytes
+) -> None:
+    (tmp_path / manifest.NAME).write_bytes(data)
+    with pytest.raises(ManifestError, match="is not a manifest") as caught:
+        manifest.read(tmp_path / manifest.NAME)
+    assert caught.value.problem is Problem.UNREADABLE
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.EIO, "Input/output error"),
+        OSError(errno.ESTALE, "Stale file handle"),
+        PermissionError(errno.EACCES, "Permission denied"),
+        IsADirectoryError(errno.EISDIR, "Is a directory"),
+    ],
+)
+def test_a_read_error_is_not_a_verdict_on_the_file(error: OSError) -> None:
+    found = manifest.read_failure("__0_0.distcp", Path("/c/step-000000000003/__0_0.distcp"), error)
+    assert isinstance(found, manifest.ReadError)
+    assert (found.file, found.error) == ("__0_0.distcp", error)
+
+
+def test_a_file_not_there_is_missing() -> None:
+    found = manifest.read_failure(
+        ".metadata", Path("/c/s/.metadata"), FileNotFoundError(errno.ENOENT, "No such file")
+    )
+    assert isinstance(found, ManifestError)
+    assert (found.problem, found.file, str(found)) == (
+        Problem.MISSING,
+        ".metadata",
+        "/c/s/.metadata is missing",
+    )
+
+
+def test_a_directory_where_a_file_is_expected_cannot_be_read(tmp_path: Path) -> None:
+    """A real read error on plain files (as root, no mode keeps a file from being read):
+    ReadError naming the file, from both checks, not a ManifestError."""
+    path = _sharded(tmp_path, 3, SHARDS)
+    found = manifest.read(manifest.location(path))
+    assert found is not None
+    (path / "__1_0.distcp").unlink()
+    (path / "__1_0.distcp").mkdir()
+    with pytest.raises(manifest.ReadError) as caught:
+        manifest.check_sums(found, path, ["__1_0.distcp"])
+    assert caught.value.file == "__1_0.distcp"
+    assert caught.value.error.errno == errno.EISDIR  # type: ignore[attr-defined]
+    where = manifest.location(path)
+    where.unlink()
+    where.mkdir()
+    with pytest.raises(manifest.ReadError) as manifest_caught:
+        manifest.read(where)
+    assert manifest_caught.value.file is None
+
+
+def test_the_ranks_agreed_message_names_the_file_and_the_errno() -> None:
+    path = Path("/c/step-000000000003")
+    said = loading.unreadable_message(path, 2, "__1_0.distcp", errno.EIO)
+    assert said.startswith(
+        "/c/step-000000000003 cannot be verified: reading /c/step-000000000003/__1_0.distcp "
+        "failed on rank 2: [Errno 5] EIO: Input/output error; rank 2's log says more. It was "
+        "not set aside"
+    )
+    assert "reading /c/step-000000000003/hpclaunch-manifest.json failed" in (
+        loading.unreadable_message(path, 0, -1, errno.ESTALE)
+    )
+    assert "not an error of the filesystem (out of memory, say)" in (
+        loading.unreadable_message(path, 0, -2, 0)
+    )
+
+
 def test_a_checkpoint_saved_before_manifests_has_none(tmp_path: Path) -> None:
     path = store.path_for(tmp_path, 3, sharded=True)
     path.mkdir()
@@ -201,4 +275,70 @@ def test_a_one_file_checkpoints_shapes_are_checked_against_into() -> None:
     moments = {"optimizer": {"state": {0: {"m": torch.zeros(4)}}}}
     assert shape_mismatch(saved, moments) == (
         "Size mismatch between saved (3,) and current (4,) for optimizer.state.0.m"
+    )
+
+
+def test_a_read_error_while_verifying_renames_nothing_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One process, real torch: step 2's manifest cannot be read (a directory where the
+    file goes gives EISDIR): load_latest raises naming it and the errno; step 2 is not
+    set aside and step 1 not loaded in its place."""
+    import torch
+
+    from hpclaunch import checkpoint
+
+    for step in (1, 2):
+        checkpoint.save({"x": torch.full((10,), float(step))}, step, folder=tmp_path)
+    where = manifest.sidecar(store.path_for(tmp_path, 2))
+    where.unlink()
+    where.mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(checkpoint.CheckpointUnreadable) as caught:
+        checkpoint.load_latest(tmp_path)
+    assert str(caught.value) == loading.unreadable_message(
+        store.path_for(tmp_path, 2), 0, -1, errno.EISDIR
+    )
+    assert f"reading {where} failed on rank 0: [Errno 21] EISDIR" in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert "IsADirectoryError" in capsys.readouterr().err
+
+
+def _failed(step: int, problem: Problem) -> loading._Failed:
+    return loading._Failed(store.Checkpoint(step, Path(f"/c/step-{step:012d}")), "why", problem)
+
+
+def test_when_none_loads_only_the_advice_that_fits_is_given() -> None:
+    manifest_only = loading.none_loads_message(
+        Path("/c"), [_failed(2, Problem.CHECKSUM), _failed(1, Problem.SIZE)]
+    )
+    assert manifest_only == (
+        "no checkpoint in /c can be loaded: step-000000000002 (why); step-000000000001 "
+        "(why). Nothing was renamed, since none loads: when they are damaged, move them "
+        "out of the folder"
+    )
+    assert "fix it" not in manifest_only
+    mixed = loading.none_loads_message(
+        Path("/c"), [_failed(2, Problem.LOAD), _failed(1, Problem.LAYOUT)]
+    )
+    assert mixed.endswith(
+        "none loads: when the script changed (the state given to into=, weights_only), fix "
+        "it; ones of a newer layout load with the hpclaunch that saved them"
+    )
+
+
+def test_a_one_file_checkpoint_set_aside_is_renamed_back_with_its_manifest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "step-000000000004.pt.damaged.2").write_bytes(b"x")
+    (tmp_path / "step-000000000004.pt.damaged.2.manifest.json").write_text("{}")
+    (tmp_path / "step-000000000003.damaged").mkdir()
+    with pytest.raises(store.CheckpointError) as caught:
+        loading._refuse_none_left(tmp_path, [])
+    assert str(caught.value) == (
+        f"{tmp_path} holds no committed checkpoint, only ones set aside as damaged: "
+        "step-000000000003.damaged, step-000000000004.pt.damaged.2; rename one back, as "
+        "step-000000000004.pt.damaged.2 to step-000000000004.pt and its manifest "
+        "step-000000000004.pt.damaged.2.manifest.json to step-000000000004.pt.manifest.json, "
+        "to resume from it, or move them away to start from step 0"
     )
