@@ -200,7 +200,7 @@ def launch(
         log.error("%s", exc)
         return 1
     sweeper = Sweeper.start(spared=helpers)  # before any worker can leave an orphan
-    for stale in local_folder.clear_stale(local.path.parent, key.uid, key.name):
+    for stale in local_folder.clear_stale(local.path.parent, key.uid, key.name, key.host):
         log.info("removed the node-local folder %s that no running job holds", stale)
     zygote = _fork_zygote() if starts_warm(opts) else None
     try:

@@ -9,9 +9,10 @@ job id, the submission's stamp, the run and the node), made afresh by its agent
 from an earlier agent of the very same job and run, and are removed, not read.
 
 A live agent holds an exclusive lock (``flock``) on ``NAME.lock`` beside its folder
-for as long as it runs. Any folder of this user's with the prefix and no live lock
-is a leftover (an agent SLURM killed after KillWait cannot remove its own) and is
-cleared by the next agent that starts on the node. Another user's files are never
+for as long as it runs. Any folder of this user's and this node's with the prefix and
+no live lock is a leftover (an agent SLURM killed after KillWait cannot remove its
+own) and is cleared by the next agent that starts on the node, holding the lock while
+it does. Another user's files are never
 touched; the lock is all that is read of another job's.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -115,7 +117,7 @@ class LocalFolder:
         or by something of another user's, or node memory cannot be written."""
         path = path_of(local, base)
         try:
-            fd = _lock(Path(f"{path}{LOCK_SUFFIX}"), local.uid)
+            fd = _lock(Path(f"{path}{LOCK_SUFFIX}"), local.uid, wait_s=CLAIM_WAIT_S)
         except OSError as exc:
             raise _cannot(path, exc) from None
         if fd is None:
@@ -143,77 +145,112 @@ class LocalFolder:
         os.close(self._lock_fd)
 
 
-def clear_stale(base: Path, uid: int, keep: str) -> list[Path]:
-    """Remove user ``uid``'s node-local folders under ``base`` that no live agent holds,
-    but ``keep`` (a name); return what was removed. Another user's files, and folders
-    of live agents (other jobs of this user's), stay."""
+def clear_stale(base: Path, uid: int, keep: str, host: str) -> list[Path]:
+    """Remove user ``uid``'s node-local folders of node ``host`` under ``base`` that no
+    live agent holds, but ``keep`` (a name); return what was removed. Another user's
+    files, folders of live agents (other jobs of this user's) and folders of other
+    nodes stay: where ``base`` is a shared file system ($TMPDIR on NFS), a lock may be
+    seen on its own node only, so another node's folder cannot be told from a
+    leftover."""
     removed = []
     try:
         entries = list(os.scandir(base))
     except OSError as exc:
         log.warning("cannot list %s for leftover node-local folders: %s", base, exc)
         return []
-    names = {e.name.removesuffix(LOCK_SUFFIX) for e in entries if e.name.startswith(prefix(uid))}
+    names = {e.name.removesuffix(LOCK_SUFFIX) for e in entries if is_of(e.name, uid, host)}
     for name in sorted(names - {keep}):
         folder = base / name
+        lock = Path(f"{folder}{LOCK_SUFFIX}")
         try:
-            fd = _lock(Path(f"{folder}{LOCK_SUFFIX}"), uid, create=False)
+            # Made when missing, so that while this process clears the name no new
+            # agent of it can make its folder (it waits for the lock, then locks anew).
+            fd = _lock(lock, uid, wait_s=0.0)
         except (OSError, HpclaunchError) as exc:
             log.warning("leftover node-local folder %s kept: %s", folder, exc)
             continue
-        if fd is None:  # a live agent's
+        if fd is None:  # a live agent's, or made anew by one since it was listed
             continue
         try:
             if _remove_own(folder, uid):
                 removed.append(folder)
-            Path(f"{folder}{LOCK_SUFFIX}").unlink(missing_ok=True)
         except (OSError, HpclaunchError) as exc:
             log.warning("leftover node-local folder %s kept: %s", folder, exc)
         finally:
-            if fd >= 0:
-                os.close(fd)
+            lock.unlink(missing_ok=True)  # held here: no live agent's
+            os.close(fd)
     return removed
 
 
-def _lock(path: Path, uid: int, *, create: bool = True) -> int | None:
-    """An exclusive lock on ``path`` (made 0600 when ``create``): its descriptor; None
-    when another process holds it (for CLAIM_WAIT_S when ``create``); -1 when there is
-    no lock file and ``create`` is False (its folder's agent is gone). Raises
-    HpclaunchError (a lock file of another user's) or OSError."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
-    deadline = time.monotonic() + (CLAIM_WAIT_S if create else 0.0)
+def is_of(name: str, uid: int, host: str) -> bool:
+    """Whether ``name`` (a folder's or its lock's) is a node-local name of user
+    ``uid`` on node ``host``: the prefix, then anything, then ``-REQUEUE-HOST``."""
+    name = name.removesuffix(LOCK_SUFFIX)
+    return name.startswith(prefix(uid)) and (
+        re.search(rf"-\d+-{re.escape(_safe(host))}$", name[len(prefix(uid)) :]) is not None
+    )
+
+
+def _lock(path: Path, uid: int, *, wait_s: float) -> int | None:
+    """An exclusive lock on the lock file ``path`` (made 0600 when missing): its
+    descriptor; None when another process holds it, or holds a lock file made anew
+    under that name, for ``wait_s``. Raises HpclaunchError (a lock file of another
+    user's) or OSError."""
+    deadline = time.monotonic() + wait_s
     while True:
         try:
-            fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            if create:
-                raise
-            return -1
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CREAT, 0o600)
+        except PermissionError as exc:
+            raise _denied(path, exc, _lstat(path), uid) from None
+        locked = _claim(fd, path, uid)
+        if locked is not None or time.monotonic() >= deadline:
+            return locked
+        time.sleep(_CLAIM_POLL_S)  # a clearing agent's, for a moment, or a live one's
+
+
+def _claim(fd: int, path: Path, uid: int) -> int | None:
+    """Lock ``fd``, open on the lock file ``path``: ``fd`` when this process now holds
+    the lock of the file that is at ``path``; else None, ``fd`` closed. None also when
+    the file at ``path`` is no longer the one ``fd`` is open on: a clearing agent
+    unlinked it between our open and our lock, and a new agent of that name may hold
+    the new one, so what the old one guarded is not ours to remove. Raises
+    HpclaunchError (a lock file of another user's) or OSError."""
+    try:
+        held = os.fstat(fd)
+        if held.st_uid != uid:
+            raise _not_ours(path, "a file", held.st_uid, uid)
         try:
-            held = os.fstat(fd)
-            if held.st_uid != uid:
-                raise _not_ours(path, "a file", held.st_uid, uid)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(_CLAIM_POLL_S)  # a clearing agent's, for a moment, or a live one's
-                continue
-            try:
-                now = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                return fd
-        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
-            raise
-        # A clearing agent removed the file between our open and our lock: lock anew.
+            return None
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+    except BaseException:
         os.close(fd)
-        if not create:
-            return -1
+        raise
+    if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _denied(path: Path, exc: OSError, found: os.stat_result | None, uid: int) -> Exception:
+    """What to raise when opening the lock file ``path`` was refused (``exc``):
+    ``found`` is its lstat, if any. Another user's file: not ours (a one-line
+    HpclaunchError); otherwise ``exc`` itself."""
+    if found is not None and found.st_uid != uid:
+        return _not_ours(path, "a file", found.st_uid, uid)
+    return exc
 
 
 def _remove_own(path: Path, uid: int) -> bool:

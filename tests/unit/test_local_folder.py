@@ -135,7 +135,7 @@ def test_leftovers_no_live_agent_holds_are_cleared(tmp_path: Path) -> None:
         foreign.mkdir()
         os.chown(foreign, 4242, 4242)
     try:
-        removed = local_folder.clear_stale(tmp_path, uid, current.name)
+        removed = local_folder.clear_stale(tmp_path, uid, current.name, current.host)
         assert sorted(removed) == sorted([dead, unlocked])
         assert not lone_lock.exists() and not Path(f"{unlocked}.lock").exists()
         assert mine.path.is_dir() and live.path.is_dir() and old_naming.is_dir()
@@ -164,3 +164,92 @@ def test_a_lock_a_clearing_agent_holds_for_a_moment_is_waited_for(tmp_path: Path
         assert folder.path.is_dir() and lock.is_file()  # a lock file of its own, made anew
     finally:
         folder.close()
+
+
+def test_a_lock_file_replaced_between_open_and_lock_is_not_cleared(tmp_path: Path) -> None:
+    """Clearer C holds leftover L's lock; clearer D opens the same lock file; C unlinks
+    it and lets go; a new agent of L's name makes a new lock and folder. D's lock on the
+    old file succeeds, but what it guarded is the new agent's now: D leaves it."""
+    uid = os.getuid()
+    mine = key(uid)
+    lock = tmp_path / f"{mine.name}.lock"
+    by_c = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(by_c, fcntl.LOCK_EX)
+    by_d = os.open(lock, os.O_RDWR)  # another open file description, same file
+    lock.unlink()
+    os.close(by_c)
+    agent = LocalFolder.open(mine, tmp_path)
+    try:
+        assert local_folder._claim(by_d, lock, uid) is None
+        with pytest.raises(OSError):
+            os.fstat(by_d)  # closed by _claim
+        assert local_folder.clear_stale(tmp_path, uid, "another", mine.host) == []
+        assert agent.path.is_dir() and lock.is_file()
+    finally:
+        agent.close()
+
+
+def test_a_lock_file_nobody_holds_is_claimed(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    assert local_folder._claim(fd, lock, os.getuid()) == fd
+    other = os.open(lock, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(other)
+        os.close(fd)
+
+
+def test_only_this_nodes_names_are_cleared(tmp_path: Path) -> None:
+    """$TMPDIR may be shared by nodes (NFS), where a lock may be seen on its own node
+    only: another node's folder is never taken for a leftover."""
+    uid = os.getuid()
+    own = tmp_path / f"{local_folder.prefix(uid)}gamma-77-5-0-n2"
+    others = [
+        tmp_path / f"{local_folder.prefix(uid)}gamma-77-5-0-n1",
+        tmp_path / f"{local_folder.prefix(uid)}gamma-77-5-0-xn2",
+        tmp_path / f"{local_folder.prefix(uid)}gamma-77-5-0-n2.other",
+    ]
+    for folder in (own, *others):
+        folder.mkdir()
+    assert local_folder.clear_stale(tmp_path, uid, "none", "n2") == [own]
+    assert all(folder.is_dir() for folder in others)
+    assert not any(Path(f"{folder}.lock").exists() for folder in others)
+
+
+@pytest.mark.parametrize(
+    ("name", "host", "expected"),
+    [
+        ("hpclaunch-u7-alpha-77-123-2-n2", "n2", True),
+        ("hpclaunch-u7-alpha-77-123-2-n2.lock", "n2", True),
+        ("hpclaunch-u7-alpha-77-123-2-n1", "n2", False),
+        ("hpclaunch-u7-alpha-77-123-2-an2", "n2", False),
+        ("hpclaunch-u7-alpha-77-123-x-n2", "n2", False),
+        ("hpclaunch-u8-alpha-77-123-2-n2", "n2", False),
+        ("hpclaunch-u7-a-77-1-0-node_1", "node/1", True),  # named as _safe names it
+    ],
+)
+def test_a_name_is_of_this_user_and_node(name: str, host: str, expected: bool) -> None:
+    assert local_folder.is_of(name, 7, host) is expected
+
+
+def _stat(uid: int, mode: int = stat.S_IFREG | 0o600) -> os.stat_result:
+    return os.stat_result((mode, 1, 1, 1, uid, uid, 0, 0, 0, 0))
+
+
+def test_a_lock_file_of_another_users_refused_is_named_not_ours() -> None:
+    """As root here, EACCES cannot be had for real: the classification, given the
+    refusal and the lock file's lstat."""
+    refused = PermissionError(13, "Permission denied")
+    lock = Path("/dev/shm/hpclaunch-u1000-a-1-2-0-n1.lock")
+    theirs = local_folder._denied(lock, refused, _stat(4242), 1000)
+    assert isinstance(theirs, HpclaunchError)
+    assert str(theirs) == (
+        f"the node-local path {lock} exists and is a file of uid 4242, not a folder of "
+        "this user's (uid 1000); it was not made by this job, so it is neither read nor "
+        "removed: ask the node's administrator to remove it"
+    )
+    assert local_folder._denied(lock, refused, _stat(1000), 1000) is refused
+    assert local_folder._denied(lock, refused, None, 1000) is refused

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import stat
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -227,6 +229,34 @@ def test_paths_relative_to_submit_dir_and_absolute() -> None:
     assert "export HPCLAUNCH_CHECKPOINT_DIR=/ckpt" in absolute
     default = render(JobSpec("t.py"))
     assert 'export HPCLAUNCH_CHECKPOINT_DIR="$HPCLAUNCH_JOB_DIR"/checkpoints' in default
+
+
+@pytest.mark.parametrize(
+    ("share", "mode"), [("", 0o700), ("0", 0o700), ("1", 0o750), (" Yes\n", 0o750)]
+)
+def test_the_job_folder_is_made_the_owners_under_any_umask(
+    tmp_path: Path, share: str, mode: int
+) -> None:
+    """The script's own lines, from the exports to the job folder's mkdir, run by bash
+    under umask 000: no folder it makes is ever writable by others, not even before
+    the supervisor sets the job folder's mode."""
+    script = render(JobSpec("t.py", log_dir="logs"))
+    start = script.index("export HPCLAUNCH_JOB_DIR=")
+    end = script.index('mkdir -p -- "$HPCLAUNCH_JOB_DIR")\n') + len(
+        'mkdir -p -- "$HPCLAUNCH_JOB_DIR")'
+    )
+    subprocess.run(
+        ["bash", "-c", f"umask 000\n{script[start:end]}"],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "SLURM_SUBMIT_DIR": str(tmp_path),
+            "SLURM_JOB_ID": "5",
+            "HPCLAUNCH_SHARE_WITH_GROUP": share,  # from the submitting environment
+        },
+        check=True,
+    )
+    for folder in (tmp_path / "logs", tmp_path / "logs" / "5"):
+        assert stat.S_IMODE(folder.stat().st_mode) == mode
 
 
 def test_env_and_setup() -> None:
