@@ -11,8 +11,8 @@ the batch log (SLURM makes it beside the job folder), are set 0600 (0640) as wel
 their folder may be the user's own. Folders the user made are never changed.
 
 Group sharing: ``HPCLAUNCH_SHARE_WITH_GROUP=1`` in the job's environment (set it
-before ``hpclaunch sbatch``, whose environment SLURM passes on to the job, or with
-``--env HPCLAUNCH_SHARE_WITH_GROUP=1``).
+before ``hpclaunch sbatch``, whose environment SLURM passes on to the job; ``--env``
+takes no HPCLAUNCH_ variable).
 """
 
 from __future__ import annotations
