@@ -8,9 +8,11 @@ stuck on a dead NFS mount, a deadlock) never holds the allocation until the time
   * srun stopped (state T) for the bound, or srun still running the bound after every
     agent of the run noted its end: srun is killed and the supervisor goes on with what
     the agents noted (all ended 0: the training finished);
-  * an agent that noted progress before, then nothing for the bound while another
-    agent's notes go on, is named in the batch log and status, once (its workers may
-    still be training: nothing is done; one that never noted may have no workers). An
+  * an agent that noted progress before in its current attempt (one restarted in place
+    is starting its workers, bounded by its own first-step watch), then nothing for the
+    bound while another agent's notes go on, is named in the batch log and status, once
+    (its workers may still be training: nothing is done; one that never noted may have
+    no workers). An
     agent whose workers ended (its attempts log's end) is waiting for the others at
     torch's exit barrier, not silent. When no agent's notes go on any more (the others
     ended, their workers ended, or they were silent for the bound too), the step is
@@ -230,6 +232,7 @@ class StepWatch:
     _next_read: float = 0.0
     _started: float | None = None
     _notes: dict[str, float] = field(default_factory=dict)  # node -> its note's time
+    _noted_attempt: dict[str, int] = field(default_factory=dict)  # node -> its note's attempt
     _changed: dict[str, float] = field(default_factory=dict)
     _ended: dict[str, float] = field(default_factory=dict)
     _statuses: dict[str, int] = field(default_factory=dict)
@@ -386,12 +389,24 @@ class StepWatch:
                     log.info("supervisor: the agent on %s notes progress again", note.node)
                     self._unnote_silent(note.node)
                 self._notes[note.node] = note.time
+                self._noted_attempt[note.node] = note.attempt
                 self._changed[note.node] = now
         for node, latest in run.latest.items():  # by attempt and time
             if latest.event in (attempts.END, attempts.STOP):
                 self._resting.setdefault(node, now)
             else:
                 self._resting.pop(node, None)
+            if latest.attempt > self._noted_attempt.get(node, latest.attempt):
+                # Restarted in place and not stepped yet: its workers start (torch's
+                # import, a checkpoint's load, the first step's data), which the agent's
+                # own first-step watch bounds, and which writes no note. Its silence
+                # counts as a first attempt's does: it is taken for stopped only once it
+                # noted in this attempt, not from the last note of the attempt before.
+                self._changed.pop(node, None)
+                if node in self._flagged:
+                    self._flagged.discard(node)
+                    log.info("supervisor: the agent on %s began attempt %d", node, latest.attempt)
+                    self._unnote_silent(node)
         for end in run.ends:
             if end.node not in self._ended:
                 self._ended[end.node] = now

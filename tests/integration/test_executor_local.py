@@ -38,16 +38,18 @@ def settings():
             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 class Slow(submitit.helpers.Checkpointable):
-    # One step a second; checkpoint() (inherited) keeps the steps done.
+    # One step a second; checkpoint() (inherited) keeps the steps done. The first run
+    # steps until the time limit stops it (however long its start took on a busy
+    # machine); the requeued one takes `more` steps on from where it resumed.
     def __init__(self):
         self.done = []
-    def __call__(self, steps):
+    def __call__(self, more):
         first = len(self.done)
-        for step in range(first, steps):
+        requeue = int(os.environ["HPCLAUNCH_REQUEUE_COUNT"])
+        while requeue == 0 or len(self.done) < first + more:
             time.sleep(1)
-            self.done.append(step)
-        return {"first": first, "done": len(self.done),
-                "requeue": int(os.environ["HPCLAUNCH_REQUEUE_COUNT"])}
+            self.done.append(len(self.done))
+        return {"first": first, "done": self.done, "requeue": requeue}
 
 ex = hpclaunch.Executor(sys.argv[1], cluster="local", nproc_per_node=2, max_restarts=0)
 job = ex.submit(work, 0.5)
@@ -65,7 +67,7 @@ except hpclaunch.SpecError as exc:
 # A 1-minute limit warns 30 s before the end: the callable checkpoints, the node
 # runs again (a local requeue) and finishes from there.
 ex.update_parameters(timeout_min=1, max_requeues=1)
-out["timed"] = ex.submit(Slow(), 45).result()
+out["timed"] = ex.submit(Slow(), 5).result()
 print(json.dumps(out))
 """
 
@@ -96,6 +98,9 @@ def test_the_same_function_runs_on_this_machine(tmp_path: Path) -> None:
     assert f'File "{driver}", line 17, in broken' in message, message
     assert out["settings"] == {"seed": "7", "ckpt": str(tmp_path / "ckpt"), "cuda": ""}
     assert out["nodes"].startswith("update_parameters(nodes=...): cluster='local' runs one node")
+    # The requeued run went on from the steps the stopped one checkpointed: none lost,
+    # none repeated.
     timed = out["timed"]
-    assert timed["requeue"] == 1 and timed["done"] == 45, timed
+    assert timed["requeue"] == 1 and timed["first"] > 0, timed
+    assert timed["done"] == list(range(timed["first"] + 5)), timed
     assert 20 <= timed["first"] < 45, timed  # resumed from the checkpoint, not from 0

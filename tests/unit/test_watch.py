@@ -356,6 +356,57 @@ def test_the_step_watch_reads_the_notes_names_the_silent_agent_and_ends_the_step
     watch.close()
 
 
+def test_agents_restarted_in_place_are_not_silent_before_their_first_step(
+    tmp_path: Path,
+) -> None:
+    # Both nodes' workers failed (a crash) and restart in place; the new attempt starts
+    # longer than the bound (its own first-step watch bounds that). n2's last note, of
+    # the attempt before, is older than n1's: neither is named, the step is not ended.
+    from hpclaunch.jobdir import attempts, progress_notes
+    from hpclaunch.jobdir.progress_notes import NodeProgress, RankProgress
+    from hpclaunch.recovery.watch import StepWatch
+
+    folder, clock = JobFolder(tmp_path), Clock()
+
+    def note(node: str, attempt: int, at: float) -> None:
+        rank = RankProgress(0, int(at), 1.0, 1.0, 0.0)
+        progress_notes.write(folder, 0, NodeProgress(node, attempt, at, (rank,)))
+
+    def event(node: str, attempt: int, kind: str, at: float) -> None:
+        attempts.append(folder, 0, attempts.AttemptEvent(node, attempt, kind, at))
+
+    watch = StepWatch(tmp_path, 0, ("n1", "n2"), 20.0, clock)
+    event("n1", 0, attempts.BEGIN, 99.0)
+    event("n2", 0, attempts.BEGIN, 99.0)
+    note("n1", 0, 100.0)
+    note("n2", 0, 100.0)
+    assert watch.tick(os.getpid()) is None
+    clock.now = 6.0
+    note("n2", 0, 106.0)  # its end note, then n1's some seconds later
+    event("n2", 0, attempts.END, 106.0)
+    event("n2", 1, attempts.BEGIN, 107.0)
+    assert watch.tick(os.getpid()) is None
+    clock.now = 12.0
+    note("n1", 0, 112.0)
+    event("n1", 0, attempts.END, 112.0)
+    event("n1", 1, attempts.BEGIN, 113.0)
+    for at in range(12, 90):
+        clock.now = float(at)
+        assert watch.tick(os.getpid()) is None, at
+    assert list(folder.agents(0).glob("silent-*")) == []
+    # Once stepping in the new attempt, an agent that stops is named as before.
+    for at in range(90, 130):
+        clock.now = float(at)
+        if at % 10 == 0:
+            note("n1", 1, 100.0 + at)
+        if at == 90:
+            note("n2", 1, 100.0 + at)
+        assert watch.tick(os.getpid()) is None, at
+    [named] = list(folder.agents(0).glob("silent-*"))
+    assert named.name == "silent-n2.json"
+    watch.close()
+
+
 def test_a_suspended_job_is_not_taken_for_silent_agents_and_a_named_one_is_cleared(
     tmp_path: Path,
 ) -> None:
