@@ -31,6 +31,9 @@ Faults to try the machinery with:
   --plain-state-dict            save model.state_dict() and optimizer.state_dict(), as a first
                                 script does: every rank refuses it at the first save, naming
                                 the fix (get_state_dict)
+  --state-digest                RESULT also holds "state": a digest of every tensor of the
+                                model and the optimizer, gathered whole (to compare what a
+                                run saved with what a run on other ranks loaded)
 """
 
 from __future__ import annotations
@@ -78,6 +81,32 @@ def digest(model: torch.nn.Module) -> str:
     return sha.hexdigest()
 
 
+def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Every rank calls it: the model's and the optimizer's state as a checkpoint holds
+    them (get_state_dict), every sharded tensor gathered whole, so that it is the same
+    on any number of ranks for the same state; settings (lr, step counts) included."""
+    sha = hashlib.sha256()
+
+    def walk(path: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value, key=str):
+                walk(f"{path}/{key}", value[key])
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                walk(f"{path}/{index}", item)
+        elif isinstance(value, torch.Tensor):
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            flat = full.detach().cpu().to(torch.float64).flatten().tolist()
+            sha.update(f"{path}:{tuple(full.shape)}".encode())
+            sha.update(struct.pack(f"<{len(flat)}d", *flat))
+        else:
+            sha.update(f"{path}={value!r}".encode())
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    walk("", {"model": model_state, "optimizer": optim_state})
+    return sha.hexdigest()
+
+
 def say(kind: str, **fields: object) -> None:
     sys.stdout.write(f"{kind} {json.dumps(fields, sort_keys=True)}\n")
 
@@ -98,6 +127,7 @@ def main() -> None:
     parser.add_argument("--hang-before-init", type=int, default=None)
     parser.add_argument("--hang-in-pause", type=int, default=None)
     parser.add_argument("--plain-state-dict", action="store_true")
+    parser.add_argument("--state-digest", action="store_true")
     args = parser.parse_args()
 
     stop = checkpoint.Preemption.install()
@@ -204,8 +234,11 @@ def main() -> None:
             return
     checkpoint.wait()  # the last asynchronous save is committed (or raises) before the end
     summary = digest(model)
+    state = state_digest(model, optimizer) if args.state_digest else None
     if rank == 0:
         result = {"steps": args.steps, "digest": summary, "started_at": start, "world_size": world}
+        if state is not None:
+            result["state"] = state
         say("RESULT", **result)
         if args.result:
             with open(args.result, "w") as handle:
