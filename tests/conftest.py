@@ -5,7 +5,8 @@ CI installs what every tier needs, so a test that skips there hides a gap.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import os
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -46,6 +47,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The process's umask 000 for the test (what a user's shell may have), then back."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from hpclaunch import progress
 from hpclaunch.checkpoint import local, manifest, saving, store
@@ -30,6 +30,8 @@ from hpclaunch.checkpoint.store import Checkpoint, CheckpointError
 from hpclaunch.jobdir import saves, set_aside
 from hpclaunch.jobdir.checkpoint_folder import DAMAGED, DAMAGED_SUFFIX, scan
 from hpclaunch.jobdir.layout import JOB_DIR_VAR, JobFolder
+
+T = TypeVar("T")
 
 _SHARDED_HELP = (
     "build it as torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer) "
@@ -258,28 +260,45 @@ def _problem(error: ManifestError) -> str:
 def _build(into: Callable[[], Mapping[str, Any]], ranks: Ranks) -> Mapping[str, Any]:
     """The state ``into()`` builds, on every rank; when it raises or returns no dict on
     any rank, every rank raises (none is left alone in the load's collectives)."""
-    error: BaseException | None = None
-    state: Mapping[str, Any] = {}
-    try:
+
+    def build() -> Mapping[str, Any]:
         state = into()
         if not isinstance(state, Mapping):
             raise CheckpointMismatch(
                 f"load_latest(into=...) was given a function that returned a "
                 f"{type(state).__name__}, not the dict of state to load into"
             )
+        return state
+
+    return _on_every_rank(
+        build,
+        ranks,
+        lambda rank: CheckpointMismatch(
+            f"the function given as load_latest(into=...) failed on rank {rank} (its log says how)"
+        ),
+    )
+
+
+def _on_every_rank(
+    act: Callable[[], T], ranks: Ranks, elsewhere: Callable[[int], BaseException]
+) -> T:
+    """``act()`` on every rank, which then agree whether it raised anywhere: a rank
+    where it raised raises its own error, the others ``elsewhere(that rank)``, so that
+    none goes on alone into a collective the others never reach."""
+    error: BaseException | None = None
+    result: T | None = None
+    try:
+        result = act()
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
         error = exc
     failed_on = ranks.first_true(error is not None)
     if error is not None:
         raise error
     if failed_on is not None:
-        raise CheckpointMismatch(
-            f"the function given as load_latest(into=...) failed on rank {failed_on} "
-            "(its log says how)"
-        )
-    return state
+        raise elsewhere(failed_on)
+    return cast(T, result)
 
 
 def _tell_progress(step: int, ranks: Ranks) -> None:
@@ -438,22 +457,16 @@ def _left_out(reader: Any, into: dict[str, Any], ranks: Ranks) -> list[str]:
     itself; they agree whether it could be read before any further collective."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    error: BaseException | None = None
-    left_out: list[str] = []
-    try:
+    def read() -> list[str]:
         saved = reader.read_metadata().state_dict_metadata
         _check_coverage(saved)
-        left_out = sorted(set(saved) - set(flatten_state_dict(into)[0]))
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:
-        error = exc
-    failed_on = ranks.first_true(error is not None)
-    if error is not None:
-        raise error
-    if failed_on is not None:
-        raise CheckpointError(f"its metadata could not be read on rank {failed_on}")
-    return left_out
+        return sorted(set(saved) - set(flatten_state_dict(into)[0]))
+
+    return _on_every_rank(
+        read,
+        ranks,
+        lambda rank: CheckpointError(f"its metadata could not be read on rank {rank}"),
+    )
 
 
 def _check_coverage(saved: Mapping[str, Any]) -> None:

@@ -166,15 +166,6 @@ def test_two_agents_of_one_job_id_on_one_node_never_share_files_and_clear_leftov
 
 
 @pytest.fixture
-def open_umask() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-@pytest.fixture
 def open_folder() -> Iterator[Path]:
     """A folder everyone may pass through (tmp_path is 0700, which would hide all)."""
     folder = Path(tempfile.mkdtemp(prefix="hpclaunch-modes-", dir="/tmp"))

@@ -8,7 +8,6 @@ import fcntl
 import os
 import stat
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,15 +61,6 @@ def test_a_name_is_one_path_component_whatever_slurm_says() -> None:
 def test_sbatch_carries_the_submission_stamp() -> None:
     slurm = stamped(Slurm(env={"PATH": "/bin"}), 1234)
     assert slurm.env == {"PATH": "/bin", "HPCLAUNCH_SUBMITTED": "1234"}
-
-
-@pytest.fixture
-def open_umask() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def test_a_folder_is_made_afresh_owner_only_and_removed(tmp_path: Path, open_umask: None) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,6 @@ from hpclaunch.checkpoint import store
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobdir import modes
 from hpclaunch.jobdir.atomic import write_atomic
-
-
-@pytest.fixture
-def open_umask() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def mode(path: Path) -> int:
