@@ -65,6 +65,20 @@ VOLATILE = {
     "HPCLAUNCH_WATCHER_PID",
 }
 
+
+def same_env(env: dict[str, object]) -> dict[str, object]:
+    """``env`` without what differs between any two agents: each agent's own node-local
+    folder (named by its pid and start without a submission stamp) is written as
+    NODE_LOCAL in the paths under it."""
+    local = str(env.get("HPCLAUNCH_LOCAL_CHECKPOINT_DIR", ""))
+    assert "/hpclaunch-u" in local, env
+    return {
+        key: value.replace(local, "NODE_LOCAL") if isinstance(value, str) else value
+        for key, value in env.items()
+        if key not in VOLATILE
+    }
+
+
 # How the script ends, and what the agent must make of it: (code, exit status).
 ENDINGS = {
     "sys.exit()": ("import sys\nprint('bye')\nsys.exit()\n", 0),
@@ -172,9 +186,7 @@ def test_a_warm_worker_sees_what_a_fresh_one_sees(tmp_path: Path, entry: str) ->
         fresh, warm = dict(seen["fresh"][rank]), dict(seen["warm"][rank])
         fresh_env, warm_env = fresh.pop("env"), warm.pop("env")
         assert isinstance(fresh_env, dict) and isinstance(warm_env, dict)
-        assert {k: v for k, v in warm_env.items() if k not in VOLATILE} == {
-            k: v for k, v in fresh_env.items() if k not in VOLATILE
-        }
+        assert same_env(warm_env) == same_env(fresh_env)
         for volatile in ("random", "numpy_random", "cmdline"):
             fresh.pop(volatile), warm.pop(volatile)
         assert warm == fresh
